@@ -1,0 +1,27 @@
+# make demo  - install what is missing, then train, fold and evaluate a detector on generated data
+# make test  - install what is missing, then run the test suite
+# PYTHON=/path/to/python uses that interpreter's environment instead of .venv/.
+VENV := .venv
+PYTHON ?= $(VENV)/bin/python
+BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
+PYTEST_ARGS ?=
+
+.PHONY: install install-tests demo test clean
+
+$(VENV)/bin/python:
+	$(BASE_PYTHON) -m venv $(VENV)
+
+install: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
+	bash tools/install_deps.sh $(PYTHON)
+
+install-tests: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
+	bash tools/install_deps.sh $(PYTHON) --tests
+
+demo: install
+	$(PYTHON) tools/demo.py
+
+test: install-tests
+	$(PYTHON) -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf work_dirs/demo data/demo

@@ -1,0 +1,17 @@
+"""mmrepa: reparameterizable backbones for OpenMMLab detection and segmentation.
+
+Importing mmrepa registers its backbones, layers and hooks in mmengine's root registries (so
+``type='RePaSwin'`` resolves from the mmdet, mmseg and mmpretrain scopes) and lets torch's
+``weights_only`` loader read mmengine checkpoints. It needs torch, mmengine and mmcv only.
+"""
+from .checkpoint import allow_mmengine_checkpoints
+from .fold import FoldError, reparameterize
+from .version import __version__
+
+from . import layers  # noqa: F401,E402  (registers)
+from . import backbones  # noqa: F401,E402
+from . import engine  # noqa: F401,E402
+
+allow_mmengine_checkpoints()
+
+__all__ = ['__version__', 'reparameterize', 'FoldError', 'allow_mmengine_checkpoints']

@@ -1,0 +1,3 @@
+from .repa_swin import RePaSwin
+
+__all__ = ['RePaSwin']

@@ -1,0 +1,385 @@
+"""RePa-Swin: Swin Transformer with channel-idle FFNs that fold at test time (RePaFormer).
+
+With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly mmdet's ``SwinTransformer`` and
+loads its checkpoints unchanged.
+"""
+import math
+import re
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
+from mmengine.model import BaseModule, ModuleList
+from mmengine.model.weight_init import constant_init, trunc_normal_init
+from mmengine.registry import MODELS
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
+from ..fold import fold_submodules
+from ..layers import ChannelIdleFFN, ShiftWindowMSA, shifted_window_mask
+
+# embed_dims, depths, num_heads of the published Swin variants.
+ARCH_SETTINGS: Dict[str, dict] = {
+    'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    'small': dict(embed_dims=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    'base': dict(embed_dims=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+}
+ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base'}
+
+
+def resolve_arch(arch: Union[str, dict]) -> dict:
+    """``'tiny' | 'small' | 'base'`` (or t/s/b) or an explicit dict -> arch settings."""
+    if isinstance(arch, str):
+        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
+        if name not in ARCH_SETTINGS:
+            raise ValueError(f"unknown arch '{arch}'; choose one of {sorted(ARCH_SETTINGS)} "
+                             "or give dict(embed_dims=..., depths=..., num_heads=...)")
+        return dict(ARCH_SETTINGS[name])
+    required = {'embed_dims', 'depths', 'num_heads'}
+    if not isinstance(arch, dict) or not required <= set(arch):
+        raise ValueError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
+    if len(arch['depths']) != len(arch['num_heads']):
+        raise ValueError(f"arch depths {arch['depths']} and num_heads {arch['num_heads']} "
+                         'must have one entry per stage')
+    return dict(arch)
+
+
+def per_stage(value, num_stages: int, name: str) -> list:
+    """A scalar for every stage, or a sequence with one value per stage."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != num_stages:
+            raise ValueError(f'{name} has {len(value)} entries but the arch has {num_stages} '
+                             f'stages; give one value or one per stage')
+        return list(value)
+    return [value] * num_stages
+
+
+class RePaSwinBlock(BaseModule):
+    """Swin block: ``x + attn(norm1(x))`` then the FFN (which owns its norm and shortcut).
+
+    Input and output (B, H*W, C) with ``hw_shape = (H, W)``.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, window_size: int, shift: bool,
+                 ffn_cfg: dict, qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
+                 norm_cfg: dict = dict(type='LN'), with_cp: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        self.with_cp = with_cp
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.attn = ShiftWindowMSA(embed_dims, num_heads, window_size,
+                                   shift_size=window_size // 2 if shift else 0,
+                                   qkv_bias=qkv_bias, qk_scale=qk_scale,
+                                   attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate,
+                                   drop_path_rate=drop_path_rate)
+        self.ffn = ChannelIdleFFN(embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate,
+                                  **ffn_cfg)
+
+    def _forward(self, x, hw_shape, mask):
+        x = x + self.attn(self.norm1(x), hw_shape, mask)
+        return self.ffn(x)
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, hw_shape, mask, use_reentrant=False)
+        return self._forward(x, hw_shape, mask)
+
+
+class RePaSwinStage(BaseModule):
+    """``depth`` blocks alternating plain and shifted windows, then optional patch merging."""
+
+    def __init__(self, embed_dims: int, depth: int, num_heads: int, window_size: int,
+                 drop_path_rates: Sequence[float], downsample: Optional[nn.Module] = None,
+                 init_cfg: Optional[dict] = None, **block_kwargs):
+        super().__init__(init_cfg=init_cfg)
+        self.window_size = window_size
+        self.blocks = ModuleList([
+            RePaSwinBlock(embed_dims, num_heads, window_size, shift=i % 2 == 1,
+                          drop_path_rate=drop_path_rates[i], **block_kwargs)
+            for i in range(depth)
+        ])
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
+        """Returns (next-stage input, its hw_shape, this stage's output, its hw_shape)."""
+        mask = None
+        if len(self.blocks) > 1:  # one shifted-window mask for all shifted blocks
+            attn = self.blocks[1].attn
+            mask = shifted_window_mask(*attn.padded_shape(hw_shape), attn.window_size,
+                                       attn.shift_size, x.device)
+        for i, block in enumerate(self.blocks):
+            x = block(x, hw_shape, mask if i % 2 else None)
+        if self.downsample is None:
+            return x, hw_shape, x, hw_shape
+        x_down, down_shape = self.downsample(x, hw_shape)
+        return x_down, down_shape, x, hw_shape
+
+
+@MODELS.register_module()
+class RePaSwin(BaseModule):
+    """Swin Transformer backbone with channel-idle, foldable FFNs (RePa-Swin).
+
+    Outputs NCHW feature maps at strides 4, 8, 16, 32 for the stages in ``out_indices``, each
+    through its own output norm ``norm{i}``. Any input size works: the patch embedding, the
+    windows and the patch merging pad as mmdet's Swin does.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or
+            ``dict(embed_dims=..., depths=..., num_heads=...)``. Default: ``'tiny'``.
+        in_channels (int): Input image channels. Default: 3.
+        patch_size (int): Patch embedding size and stride. Default: 4.
+        window_size (int): Attention window side. Default: 7.
+        mlp_ratio (float): FFN hidden width / embed_dims. Default: 4.
+        idle_ratio (float | Sequence[float]): Fraction of FFN hidden channels left linear, in
+            [0, 1], one value or one per stage. Default: 0.75.
+        ffn_norm (str): ``'BN'``: BatchNorm before ``fc1`` and on the hidden layer (everything
+            folds); ``'LN'``: Swin's LayerNorm before ``fc1`` and no hidden norm (with
+            ``idle_ratio=0`` this is mmdet's Swin). Default: ``'BN'``.
+        qkv_bias (bool): Bias in the qkv projections. Default: True.
+        qk_scale (float, optional): Overrides ``head_dim ** -0.5``.
+        patch_norm (bool): Norm after patch embedding and in patch merging. Default: True.
+        drop_rate (float): Dropout rate. Default: 0.
+        attn_drop_rate (float): Attention dropout rate. Default: 0.
+        drop_path_rate (float): Stochastic depth, increasing linearly to this. Default: 0.1.
+        act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
+        norm_cfg (dict): Norms of the attention branch, patch embedding and merging.
+            Default: ``dict(type='LN')``.
+        out_norm_cfg (dict): Norms applied to the outputs. Default: ``dict(type='LN')``.
+        out_indices (Sequence[int]): Stages whose outputs are returned. Default: (0, 1, 2, 3).
+        frozen_stages (int): Freeze the patch embedding (0) and stages 1..n (n >= 1):
+            parameters fixed and eval mode. -1 freezes nothing. Default: -1.
+        norm_eval (bool): Keep every BatchNorm in eval mode while training (frozen statistics,
+            as detection fine-tuning with small batches needs). Default: False.
+        with_cp (bool): Gradient checkpointing per block. Default: False.
+        deploy (bool): Build the folded FFNs directly (load folded checkpoints). Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmdet
+            Swin, original Swin, RePaViT and mmrepa checkpoints (see
+            :func:`checkpoint_filter_fn`); otherwise truncated-normal initialisation.
+    """
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 in_channels: int = 3,
+                 patch_size: int = 4,
+                 window_size: int = 7,
+                 mlp_ratio: float = 4.,
+                 idle_ratio: Union[float, Sequence[float]] = 0.75,
+                 ffn_norm: str = 'BN',
+                 qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None,
+                 patch_norm: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 act_cfg: dict = dict(type='GELU'),
+                 norm_cfg: dict = dict(type='LN'),
+                 out_norm_cfg: dict = dict(type='LN'),
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 deploy: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        arch = resolve_arch(arch)
+        self.embed_dims = arch['embed_dims']
+        depths, num_heads = arch['depths'], arch['num_heads']
+        self.num_stages = len(depths)
+        self.num_features = [self.embed_dims * 2**i for i in range(self.num_stages)]
+        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f'window_size must be an integer >= 1, got {window_size!r}')
+        self.in_channels = in_channels
+        self.patch_size = patch_size
+        self.out_indices = tuple(out_indices)
+        for i in self.out_indices:
+            if not 0 <= i < self.num_stages:
+                raise ValueError(f'out_indices {self.out_indices}: each index must be in '
+                                 f'[0, {self.num_stages - 1}]')
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}], '
+                             f'got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.deploy = deploy
+        idle_ratios = per_stage(idle_ratio, self.num_stages, 'idle_ratio')
+        for r in idle_ratios:
+            if not 0.0 <= r <= 1.0:
+                raise ValueError(f'idle_ratio must be in [0, 1] (one value or one per stage), '
+                                 f'got {idle_ratio}')
+        if ffn_norm not in ('BN', 'LN'):
+            raise ValueError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
+        ffn_norms = ((dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else
+                     (norm_cfg, None))
+
+        self.patch_embed = PatchEmbed(
+            in_channels=in_channels, embed_dims=self.embed_dims, conv_type='Conv2d',
+            kernel_size=patch_size, stride=patch_size,
+            norm_cfg=norm_cfg if patch_norm else None)
+        self.drop_after_pos = nn.Dropout(p=drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        self.stages = ModuleList()
+        for i, depth in enumerate(depths):
+            dims = self.num_features[i]
+            downsample = (PatchMerging(in_channels=dims, out_channels=2 * dims, stride=2,
+                                       norm_cfg=norm_cfg if patch_norm else None)
+                          if i < self.num_stages - 1 else None)
+            ffn_cfg = dict(mlp_ratio=mlp_ratio, idle_ratio=idle_ratios[i], norm_cfg=ffn_norms[0],
+                           hidden_norm_cfg=ffn_norms[1], act_cfg=act_cfg, deploy=deploy)
+            self.stages.append(RePaSwinStage(
+                dims, depth, num_heads[i], window_size,
+                drop_path_rates=dpr[sum(depths[:i]):sum(depths[:i + 1])],
+                downsample=downsample, ffn_cfg=ffn_cfg, qkv_bias=qkv_bias, qk_scale=qk_scale,
+                drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, norm_cfg=norm_cfg,
+                with_cp=with_cp))
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', build_norm_layer(out_norm_cfg, self.num_features[i])[1])
+        self._freeze_stages()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, in_channels, H, W) -> tuple of (B, C_i, ceil(H / 2^(i+2)), ...)."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
+                             f'got {tuple(x.shape)}')
+        if min(x.shape[2:]) < self.patch_size:
+            raise ValueError(f'input {tuple(x.shape[2:])} is smaller than the patch size '
+                             f'{self.patch_size}')
+        x, hw_shape = self.patch_embed(x)
+        x = self.drop_after_pos(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x, hw_shape, out, out_shape = stage(x, hw_shape)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(out)
+                outs.append(out.view(-1, *out_shape, self.num_features[i])
+                            .permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
+    def reparameterize(self) -> None:
+        """Fold every channel-idle FFN (eval mode required); idempotent."""
+        fold_submodules(self)
+        self.deploy = True
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def _freeze_stages(self):
+        if self.frozen_stages >= 0:
+            self.patch_embed.eval()
+            for p in self.patch_embed.parameters():
+                p.requires_grad = False
+        for i in range(self.frozen_stages):
+            modules = [self.stages[i]]
+            if i in self.out_indices:
+                modules.append(getattr(self, f'norm{i}'))
+            for m in modules:
+                m.eval()
+                for p in m.parameters():
+                    p.requires_grad = False
+
+    def init_weights(self):
+        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+            self.load_pretrained(self.init_cfg['checkpoint'])
+            self._is_init = True
+            return
+        super().init_weights()
+        if self.init_cfg is None:
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    trunc_normal_init(m, std=.02, bias=0.)
+                elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
+                    constant_init(m, 1.0, bias=0.)
+
+    def load_pretrained(self, filename: str):
+        """Load a Swin checkpoint of any supported layout; see :func:`checkpoint_filter_fn`."""
+        state_dict = checkpoint_filter_fn(read_state_dict(filename), self)
+        load_state_dict_checked(self, state_dict, may_be_missing=['norm[0-9]*'],
+                                source=str(filename))
+
+
+def _unfold_order(w: torch.Tensor) -> torch.Tensor:
+    """Reorder a patch-merging tensor from Swin's concat order to ``nn.Unfold``'s order.
+
+    Swin concatenates the 2x2 neighbours as (0,0), (1,0), (0,1), (1,1) blocks of C channels;
+    mmcv's PatchMerging unfolds channel-major with positions (0,0), (0,1), (1,0), (1,1).
+    """
+    lead, C = w.shape[:-1], w.shape[-1] // 4
+    return w.reshape(*lead, 4, C)[..., [0, 2, 1, 3], :].transpose(-1, -2).reshape(*lead, 4 * C)
+
+
+def _from_original_swin(state_dict: Dict[str, torch.Tensor], model: RePaSwin) -> dict:
+    """Microsoft Swin / RePaViT classification layout -> mmdet-style names."""
+    out = {}
+    last_norm = f'norm{model.num_stages - 1}'
+    for k, v in state_dict.items():
+        if k.startswith('head.') or k.endswith(('relative_position_index', 'attn_mask')):
+            continue
+        if k.startswith('norm.'):
+            if hasattr(model, last_norm):  # the classifier's final norm = last output norm
+                out[last_norm + k[len('norm'):]] = v
+            continue
+        k = k.replace('patch_embed.proj.', 'patch_embed.projection.')
+        if k.startswith('layers.'):
+            k = 'stages.' + k[len('layers.'):]
+            k = k.replace('.attn.', '.attn.w_msa.').replace('.mlp.', '.ffn.')
+            if '.downsample.' in k:
+                v = _unfold_order(v)
+        out[k] = v
+    return out
+
+
+# Swin's pre-FFN norm is the block's norm2; in RePaSwin the FFN owns it as ffn.norm1.
+_BLOCK_NORM2 = re.compile(r'(\.blocks\.\d+)\.norm2\.')
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: RePaSwin) -> dict:
+    """Convert a Swin-family state dict to :class:`RePaSwin` names.
+
+    Understands: mmrepa's own layout (folded or not); mmdet ``SwinTransformer`` backbones
+    (``ffn.layers.0.0`` etc.), also inside a whole detector (``backbone.*``); Microsoft Swin
+    classification checkpoints (``layers.*``, ``mlp.*``, concat-order patch merging); RePaViT
+    classification checkpoints (``layers.{i}.blocks.{j}.mlp.{norm1,norm2,fc1,fc2}``).
+    Relative position bias tables of another window size are resized (bicubic).
+    """
+    state_dict = strip_prefixes(state_dict)
+    if any(k.startswith('layers.') for k in state_dict):
+        state_dict = _from_original_swin(state_dict, model)
+    out = {}
+    for k, v in state_dict.items():
+        if k.endswith(('relative_position_index', 'attn_mask')):
+            continue
+        k = k.replace('.ffn.layers.0.0.', '.ffn.fc1.').replace('.ffn.layers.1.', '.ffn.fc2.')
+        out[_BLOCK_NORM2.sub(r'\1.ffn.norm1.', k)] = v
+    if model.deploy and any('.ffn.fc1.' in k for k in out):
+        raise ValueError('this checkpoint holds an unfolded RePaSwin but the model was built '
+                         'with deploy=True: build it with deploy=False, or fold the checkpoint '
+                         'first (tools/reparameterize.py)')
+    if not model.deploy and any('.ffn.in_proj.' in k for k in out):
+        raise ValueError('this checkpoint holds a folded (deploy) RePaSwin: build the model '
+                         'with deploy=True to load it')
+    own = model.state_dict()
+    for k, v in out.items():
+        if k.endswith('relative_position_bias_table') and k in own and v.shape != own[k].shape:
+            out[k] = _resize_bias_table(v, own[k].shape)
+    return out
+
+
+def _resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    (L1, heads), (L2, heads2) = table.shape, shape
+    if heads != heads2:
+        return table  # reported as a shape mismatch by the loader
+    S1, S2 = math.isqrt(L1), math.isqrt(L2)
+    grid = table.t().reshape(1, heads, S1, S1).float()
+    resized = F.interpolate(grid, size=(S2, S2), mode='bicubic', align_corners=False)
+    return resized.reshape(heads, L2).t().to(table.dtype).contiguous()

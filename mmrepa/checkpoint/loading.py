@@ -1,0 +1,94 @@
+"""Loading pretrained weights into a backbone, with every key accounted for.
+
+``strict=False`` hides renamed keys and missing BatchNorm statistics (SPEC §5); these helpers
+report missing and unexpected keys by name and refuse to leave a core weight uninitialised.
+"""
+import fnmatch
+from typing import Dict, Iterable, List, NamedTuple
+
+import torch
+import torch.nn as nn
+from mmengine.logging import print_log
+from mmengine.runner.checkpoint import CheckpointLoader
+
+
+class LoadReport(NamedTuple):
+    """Outcome of :func:`load_state_dict_checked`: keys by name."""
+    loaded: List[str]
+    missing: List[str]        # allowed to be missing, left as initialised
+    unexpected: List[str]     # in the checkpoint, not used
+
+
+def read_state_dict(filename: str) -> Dict[str, torch.Tensor]:
+    """Read a checkpoint (path, URL or ``open-mmlab://`` etc.) and return its state dict.
+
+    Accepts mmengine checkpoints (``state_dict``), classification releases (``model``) and
+    plain state dicts.
+    """
+    ckpt = CheckpointLoader.load_checkpoint(filename, map_location='cpu')
+    for key in ('state_dict', 'model', 'module'):
+        if isinstance(ckpt, dict) and isinstance(ckpt.get(key), dict):
+            return ckpt[key]
+    return ckpt
+
+
+def strip_prefixes(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Drop ``module.`` (DDP) prefixes; of a whole detector/segmentor keep the backbone only."""
+    state_dict = {k[len('module.'):] if k.startswith('module.') else k: v
+                  for k, v in state_dict.items()}
+    if any(k.startswith('backbone.') for k in state_dict):
+        state_dict = {k[len('backbone.'):]: v for k, v in state_dict.items()
+                      if k.startswith('backbone.')}
+    return state_dict
+
+
+def _shorten(keys: Iterable[str], limit: int = 12) -> str:
+    keys = list(keys)
+    more = f', ... ({len(keys) - limit} more)' if len(keys) > limit else ''
+    return ', '.join(keys[:limit]) + more
+
+
+def load_state_dict_checked(module: nn.Module,
+                            state_dict: Dict[str, torch.Tensor],
+                            may_be_missing: Iterable[str] = (),
+                            source: str = 'checkpoint') -> LoadReport:
+    """Load ``state_dict`` into ``module`` and account for every key.
+
+    Args:
+        module: The model to load into.
+        state_dict: Already converted to ``module``'s names.
+        may_be_missing: Glob patterns of keys that may stay as initialised (for example the
+            output norms of a detection backbone when loading a classification checkpoint).
+            ``num_batches_tracked`` may always be missing.
+        source: Name of the checkpoint, for messages.
+
+    Raises:
+        ValueError: a tensor has another shape than the model's (another architecture).
+        KeyError: a key the model needs is missing (a core weight or a BN statistic).
+    """
+    own = module.state_dict()
+    for key, value in state_dict.items():
+        if key in own and tuple(value.shape) != tuple(own[key].shape):
+            raise ValueError(
+                f'{source} does not fit this model: {key} has shape {tuple(value.shape)} in the '
+                f'checkpoint but {tuple(own[key].shape)} in the model. Is it a checkpoint of '
+                f'another arch (embed_dims, depths, idle_ratio, window_size)?')
+    patterns = list(may_be_missing) + ['*num_batches_tracked']
+    missing = [k for k in own if k not in state_dict]
+    core = [k for k in missing if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]
+    if core:
+        raise KeyError(
+            f'{source} lacks {len(core)} weight(s) or BatchNorm statistic(s) this model needs: '
+            f'{_shorten(core)}. Loading it would leave them at their initial values; check that '
+            f'the checkpoint matches the model (arch, idle_ratio, ffn_norm, deploy).')
+    unexpected = [k for k in state_dict if k not in own]
+    incompatible = module.load_state_dict(
+        {k: v for k, v in state_dict.items() if k in own}, strict=False)
+    assert not incompatible.unexpected_keys
+    if missing:
+        print_log(f'{source}: {len(missing)} key(s) not in the checkpoint, left as initialised: '
+                  f'{_shorten(missing)}', logger='current', level=30)
+    if unexpected:
+        print_log(f'{source}: {len(unexpected)} key(s) not used by '
+                  f'{type(module).__name__}: {_shorten(unexpected)}', logger='current', level=30)
+    return LoadReport([k for k in own if k in state_dict], missing, unexpected)

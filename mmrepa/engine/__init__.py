@@ -1,0 +1,3 @@
+from .hooks import ReparameterizeHook
+
+__all__ = ['ReparameterizeHook']

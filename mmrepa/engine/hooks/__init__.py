@@ -1,0 +1,3 @@
+from .reparameterize_hook import ReparameterizeHook
+
+__all__ = ['ReparameterizeHook']

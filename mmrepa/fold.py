@@ -1,0 +1,107 @@
+"""The reparameterization protocol and the arithmetic shared by every fold.
+
+A module that can be folded implements ``reparameterize()``: it replaces its training-time
+structure by the equivalent inference structure, in place, and does nothing when called again.
+:func:`reparameterize` folds every such submodule of a model, deepest first.
+"""
+import inspect
+from typing import Iterator, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+class FoldError(RuntimeError):
+    """A model cannot be folded as it is; the message says why and what to do."""
+
+
+def is_foldable(module: nn.Module) -> bool:
+    """Whether ``module`` implements the protocol: ``reparameterize()`` callable without arguments."""
+    fn = getattr(module, 'reparameterize', None)
+    if not callable(fn):
+        return False
+    params = inspect.signature(fn).parameters.values()
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in params)
+
+
+def _post_order(module: nn.Module, prefix: str = '') -> Iterator[Tuple[str, nn.Module]]:
+    for name, child in module.named_children():
+        yield from _post_order(child, f'{prefix}.{name}' if prefix else name)
+    yield prefix, module
+
+
+def fold_submodules(model: nn.Module) -> None:
+    """Fold every foldable submodule of ``model`` (not ``model`` itself), deepest first."""
+    # Snapshot first: folding replaces children while we walk.
+    for name, module in list(_post_order(model)):
+        if module is model or not is_foldable(module):
+            continue
+        try:
+            module.reparameterize()
+        except FoldError as err:
+            raise FoldError(f'cannot fold {name} ({type(module).__name__}): {err}') from err
+
+
+def reparameterize(model: nn.Module) -> nn.Module:
+    """Fold ``model`` for inference, in place, and return it.
+
+    Every submodule implementing ``reparameterize()`` is folded, deepest first. Folding reads
+    BatchNorm running statistics, so the model must be in eval mode (``model.eval()``).
+    Calling this again on a folded model changes nothing.
+    """
+    training = [name or type(model).__name__ for name, m in _post_order(model)
+                if m.training and (m is model or is_foldable(m) or isinstance(m, _BatchNorm))]
+    if training:
+        raise FoldError(
+            'reparameterize() needs a model in eval mode: folding uses BatchNorm running '
+            f'statistics, but {len(training)} module(s) are in training mode (first: '
+            f'{training[0]}). Call model.eval() first.')
+    fold_submodules(model)
+    if is_foldable(model):
+        model.reparameterize()
+    return model
+
+
+def fold_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype folds are computed in: float64 where the device has it (exact to ~1e-15)."""
+    return torch.float32 if t.device.type == 'mps' else torch.float64
+
+
+def batchnorm_affine(bn: _BatchNorm, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, shift)`` with ``bn(x) == x * scale + shift`` per channel in eval mode."""
+    if bn.running_mean is None or bn.running_var is None:
+        raise FoldError('BatchNorm without running statistics (track_running_stats=False) '
+                        'is not an affine map at inference and cannot be folded')
+    mean, var = bn.running_mean.to(dtype), bn.running_var.to(dtype)
+    if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
+        raise FoldError('BatchNorm running statistics are not finite (NaN or inf); the '
+                        'checkpoint or the training run that produced them is broken')
+    scale = torch.rsqrt(var + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight.to(dtype)
+    shift = -mean * scale
+    if bn.bias is not None:
+        shift = shift + bn.bias.to(dtype)
+    return scale, shift
+
+
+def norm_affine(norm: nn.Module,
+                dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """Per-channel ``(scale, shift)`` of a norm that is affine at inference, else ``None``.
+
+    BatchNorm layers qualify through the ``_BatchNorm`` base class (SyncBN included); other norms
+    qualify by implementing ``eval_affine(dtype)``. LayerNorm is not affine and returns ``None``.
+    """
+    if isinstance(norm, _BatchNorm):
+        return batchnorm_affine(norm, dtype)
+    if hasattr(norm, 'eval_affine'):
+        return norm.eval_affine(dtype)
+    return None
+
+
+def is_affine_norm(norm: nn.Module) -> bool:
+    """Whether :func:`norm_affine` can fold ``norm`` (decided from its type, not its values)."""
+    return isinstance(norm, _BatchNorm) or hasattr(norm, 'eval_affine')
+

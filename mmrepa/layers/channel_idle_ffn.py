@@ -1,0 +1,196 @@
+"""The channel-idle FFN of RePaFormer (SPEC §1) and its exact three-matrix fold."""
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmcv.cnn.bricks.drop import DropPath
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..fold import fold_dtype, is_affine_norm, norm_affine
+
+
+def num_active_channels(hidden_channels: int, idle_ratio: float) -> int:
+    """``ceil(hidden * (1 - idle_ratio))``, robust to float noise (0.1 * 40 is not 4.0)."""
+    if not 0.0 <= idle_ratio <= 1.0:
+        raise ValueError(f'idle_ratio must be in [0, 1], got {idle_ratio}')
+    return min(hidden_channels, math.ceil(hidden_channels * (1.0 - idle_ratio) - 1e-9))
+
+
+def channels_last_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Apply ``norm`` over the last dim of ``x`` (..., C); BatchNorm sees (tokens, C)."""
+    if isinstance(norm, _BatchNorm):
+        return norm(x.reshape(-1, x.shape[-1])).view(x.shape)
+    return norm(x)
+
+
+@MODELS.register_module()
+class ChannelIdleFFN(BaseModule):
+    """Feed-forward network whose hidden channels are mostly idle (linear), RePaFormer style.
+
+    Training structure, on tokens ``x`` of shape (..., C) with hidden width ``h = mlp_ratio * C``
+    and ``a = ceil(h * (1 - idle_ratio))`` active channels::
+
+        H   = fc1(norm1(x))
+        H   = cat(act(H[..., :a]), H[..., a:])      # only the active slice is activated
+        out = x + drop_path(fc2(norm2(H)))
+
+    After :meth:`reparameterize` (or with ``deploy=True``) it computes the same function as
+    ``[P, L] = x @ [W_a, W_lin]`` (one GEMM of width ``a + C``), ``out = L + act(P) @ W_out``
+    (one GEMM from the active slice): the idle channels, both BatchNorms and the shortcut fold
+    into ``W_lin``. With a LayerNorm pre-norm (``norm_cfg=dict(type='LN')``) the norm and the
+    shortcut stay and only the idle path folds.
+
+    Args:
+        embed_dims (int): Channels C of the input and output.
+        mlp_ratio (float): Hidden width as a multiple of C. Default: 4.
+        idle_ratio (float): Fraction of hidden channels that skip the activation, in [0, 1].
+            0 is a plain FFN (with the chosen norms), 1 a fully linear one. Default: 0.75.
+        norm_cfg (dict): Norm before ``fc1``: ``BN1d`` (folds) or ``LN`` (kept).
+            Default: ``dict(type='BN1d')``.
+        hidden_norm_cfg (dict | None): Norm on the hidden layer before ``fc2``; ``None`` for
+            none. Default: ``dict(type='BN1d')``.
+        act_cfg (dict): Activation of the active slice. Default: ``dict(type='GELU')``.
+        bias (bool): Whether ``fc1`` and ``fc2`` have biases. Default: True.
+        drop_rate (float): Dropout before ``fc2`` and after it. Default: 0.
+        drop_path_rate (float): Stochastic depth on the residual branch. Default: 0.
+        deploy (bool): Build the folded structure directly. Default: False.
+        init_cfg (dict, optional): Initialization config.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 mlp_ratio: float = 4.,
+                 idle_ratio: float = 0.75,
+                 norm_cfg: dict = dict(type='BN1d'),
+                 hidden_norm_cfg: Optional[dict] = dict(type='BN1d'),
+                 act_cfg: dict = dict(type='GELU'),
+                 bias: bool = True,
+                 drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 deploy: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        self.embed_dims = embed_dims
+        self.hidden_channels = int(round(mlp_ratio * embed_dims))
+        self.idle_ratio = idle_ratio
+        self.active_channels = num_active_channels(self.hidden_channels, idle_ratio)
+        self.deploy = deploy
+        self.act = build_activation_layer(act_cfg)
+        norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        # The pre-norm folds into fc1 only if it is affine at inference (BN, RepBN).
+        self.prenorm_folds = is_affine_norm(norm1)
+        if deploy:
+            self._build_folded(keep_norm=None if self.prenorm_folds else norm1)
+            return
+        self.norm1 = norm1
+        self.fc1 = nn.Linear(embed_dims, self.hidden_channels, bias=bias)
+        self.norm2 = (build_norm_layer(hidden_norm_cfg, self.hidden_channels)[1]
+                      if hidden_norm_cfg is not None else None)
+        self.drop = nn.Dropout(drop_rate)
+        self.fc2 = nn.Linear(self.hidden_channels, embed_dims, bias=bias)
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+
+    @property
+    def has_idle_channels(self) -> bool:
+        return self.active_channels < self.hidden_channels
+
+    @property
+    def shortcut_folded(self) -> bool:
+        """In the folded form, whether the shortcut lives inside ``in_proj``'s linear path."""
+        return self.prenorm_folds and self.has_idle_channels
+
+    def _build_folded(self, keep_norm: Optional[nn.Module], like: Optional[torch.Tensor] = None):
+        """Create the folded layers (uninitialised); ``like`` gives their device and dtype."""
+        factory = dict(device=like.device, dtype=like.dtype) if like is not None else {}
+        C, a = self.embed_dims, self.active_channels
+        linear_width = C if self.has_idle_channels else 0
+        self.norm1 = keep_norm
+        self.in_proj = nn.Linear(C, a + linear_width, **factory)
+        self.out_proj = (nn.Linear(a, C, bias=linear_width == 0, **factory)
+                         if a > 0 else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., C) -> (..., C), shortcut included."""
+        if self.deploy:
+            return self._forward_folded(x)
+        a = self.active_channels
+        h = self.fc1(channels_last_norm(self.norm1, x))
+        if a == self.hidden_channels:
+            h = self.act(h)
+        elif a > 0:
+            h = torch.cat([self.act(h[..., :a]), h[..., a:]], dim=-1)
+        if self.norm2 is not None:
+            h = channels_last_norm(self.norm2, h)
+        z = self.drop(self.fc2(self.drop(h)))
+        return x + self.drop_path(z)
+
+    def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
+        shape, a = x.shape, self.active_channels
+        x = x.reshape(-1, shape[-1])
+        y = x if self.norm1 is None else self.norm1(x)
+        h = self.in_proj(y)
+        if a == 0:
+            out = h
+        elif self.has_idle_channels:
+            # linear path + act(active) @ W_out in one BLAS call
+            out = torch.addmm(h[:, a:], self.act(h[:, :a]), self.out_proj.weight.t())
+        else:
+            out = self.out_proj(self.act(h))
+        if not self.shortcut_folded:
+            out = out + x
+        return out.view(shape)
+
+    @torch.no_grad()
+    def reparameterize(self) -> None:
+        """Fold into the three-matrix form (SPEC §1), in place; idempotent."""
+        if self.deploy:
+            return
+        like = self.fc1.weight
+        dtype = fold_dtype(like)
+        C, a = self.embed_dims, self.active_channels
+
+        def weight_and_bias(linear):
+            w = linear.weight.to(dtype)
+            b = (linear.bias.to(dtype) if linear.bias is not None else
+                 w.new_zeros(w.shape[0]))
+            return w, b
+
+        w_in, b_in = weight_and_bias(self.fc1)      # (h, C), (h,)
+        if self.prenorm_folds:
+            s1, t1 = norm_affine(self.norm1, dtype)
+            w_in, b_in = w_in * s1, b_in + w_in @ t1
+        w_out, b_out = weight_and_bias(self.fc2)    # (C, h), (C,)
+        if self.norm2 is not None:
+            s2, t2 = norm_affine(self.norm2, dtype)
+            w_out, b_out = w_out * s2, b_out + w_out @ t2
+
+        if self.has_idle_channels:
+            w_lin = w_out[:, a:] @ w_in[a:]
+            if self.shortcut_folded:
+                w_lin = w_lin + torch.eye(C, dtype=dtype, device=w_lin.device)
+            b_lin = w_out[:, a:] @ b_in[a:] + b_out
+            in_weight = torch.cat([w_in[:a], w_lin])
+            in_bias = torch.cat([b_in[:a], b_lin])
+        else:
+            in_weight, in_bias = w_in, b_in
+
+        keep_norm = None if self.prenorm_folds else self.norm1
+        for name in ('norm1', 'fc1', 'norm2', 'drop', 'fc2', 'drop_path'):
+            delattr(self, name)
+        self._build_folded(keep_norm, like=like)
+        self.in_proj.weight.copy_(in_weight)
+        self.in_proj.bias.copy_(in_bias)
+        if a > 0:
+            self.out_proj.weight.copy_(w_out[:, :a])
+            if not self.has_idle_channels:
+                self.out_proj.bias.copy_(b_out)
+        self.deploy = True
+
+    def extra_repr(self) -> str:
+        return (f'embed_dims={self.embed_dims}, hidden={self.hidden_channels}, '
+                f'active={self.active_channels}, deploy={self.deploy}')

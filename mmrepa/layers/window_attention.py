@@ -1,0 +1,161 @@
+"""Swin's (shifted) window self-attention, with padding to any input size.
+
+Parameter names follow mmdet's ``ShiftWindowMSA`` (``w_msa.qkv``, ``w_msa.proj``,
+``w_msa.relative_position_bias_table``) so mmdet Swin checkpoints load unchanged.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn.bricks.drop import DropPath
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+
+
+def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
+    """(B, H, W, C) with H, W multiples of the window -> (B * nW, window_size**2, C)."""
+    B, H, W, C = x.shape
+    x = x.view(B, H // window_size, window_size, W // window_size, window_size, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window_size * window_size, C)
+
+
+def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> torch.Tensor:
+    """Inverse of :func:`window_partition`: (B * nW, window_size**2, C) -> (B, H, W, C)."""
+    C = windows.shape[-1]
+    x = windows.view(-1, H // window_size, W // window_size, window_size, window_size, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
+
+
+def shifted_window_mask(H: int, W: int, window_size: int, shift_size: int,
+                        device: torch.device) -> torch.Tensor:
+    """Additive mask (nW, N, N) that keeps a shifted window from mixing regions that are not
+    neighbours in the image: 0 within a region, -100 across (as in Swin)."""
+    img = torch.zeros((1, H, W, 1), device=device)
+    cuts = (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None))
+    region = 0
+    for h in cuts:
+        for w in cuts:
+            img[:, h, w, :] = region
+            region += 1
+    ids = window_partition(img, window_size).squeeze(-1)  # nW, N
+    diff = ids.unsqueeze(1) - ids.unsqueeze(2)
+    return torch.zeros_like(diff).masked_fill_(diff != 0, -100.0)
+
+
+class WindowMSA(BaseModule):
+    """Multi-head self-attention inside windows, with a learned relative position bias.
+
+    Args:
+        embed_dims (int): Channels C.
+        num_heads (int): Attention heads; C must be divisible by it.
+        window_size (int): Window side Wh = Ww.
+        qkv_bias (bool): Bias on the qkv projection. Default: True.
+        qk_scale (float, optional): Overrides ``head_dim ** -0.5``.
+        attn_drop_rate (float): Dropout on attention weights. Default: 0.
+        proj_drop_rate (float): Dropout after the output projection. Default: 0.
+
+    Input (B * nW, N, C) with N = window_size**2, optional additive mask (nW, N, N);
+    output (B * nW, N, C).
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, window_size: int,
+                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
+                             f'({num_heads})')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.window_size = window_size
+        self.scale = qk_scale or (embed_dims // num_heads)**-0.5
+        self.attn_drop_rate = attn_drop_rate
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window_size - 1)**2, num_heads))
+        coords = torch.stack(torch.meshgrid(
+            torch.arange(window_size), torch.arange(window_size), indexing='ij')).flatten(1)
+        rel = (coords[:, :, None] - coords[:, None, :]) + (window_size - 1)  # 2, N, N
+        # Derived from window_size, so not part of the state dict.
+        self.register_buffer('relative_position_index',
+                             rel[0] * (2 * window_size - 1) + rel[1], persistent=False)
+        self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop_rate)
+
+    def init_weights(self):
+        super().init_weights()
+        trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def relative_position_bias(self) -> torch.Tensor:
+        """(num_heads, N, N)."""
+        return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        BnW, N, C = x.shape
+        qkv = self.qkv(x).view(BnW, N, 3, self.num_heads, C // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each B*nW, heads, N, d
+        bias = self.relative_position_bias().unsqueeze(0)  # 1, heads, N, N
+        if mask is not None:
+            nW = mask.shape[0]
+            bias = bias + mask.unsqueeze(1)  # nW, heads, N, N
+            q, k, v = (t.view(BnW // nW, nW, *t.shape[1:]) for t in (q, k, v))
+        x = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias.to(q.dtype),
+            dropout_p=self.attn_drop_rate if self.training else 0., scale=self.scale)
+        x = x.reshape(BnW, self.num_heads, N, -1).transpose(1, 2).reshape(BnW, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class ShiftWindowMSA(BaseModule):
+    """Window attention on a token map of any size: pad to the window, shift, attend, undo.
+
+    Args:
+        embed_dims, num_heads, window_size, qkv_bias, qk_scale, attn_drop_rate,
+        proj_drop_rate: As in :class:`WindowMSA`.
+        shift_size (int): Cyclic shift towards the bottom right; 0 for plain windows.
+        drop_path_rate (float): Stochastic depth on the output. Default: 0.
+
+    Input (B, H*W, C) with ``hw_shape = (H, W)``; output (B, H*W, C). Padded positions are
+    zero tokens, as in mmdet's Swin.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, window_size: int,
+                 shift_size: int = 0, qkv_bias: bool = True, qk_scale: Optional[float] = None,
+                 attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
+                 drop_path_rate: float = 0., init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if not 0 <= shift_size < window_size:
+            raise ValueError(f'shift_size must be in [0, window_size={window_size}), '
+                             f'got {shift_size}')
+        self.window_size = window_size
+        self.shift_size = shift_size
+        self.w_msa = WindowMSA(embed_dims, num_heads, window_size, qkv_bias, qk_scale,
+                               attn_drop_rate, proj_drop_rate)
+        self.drop = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+
+    def padded_shape(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
+        ws = self.window_size
+        return tuple(-(-s // ws) * ws for s in hw_shape)
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``mask``: the shifted-window mask for the padded shape (computed here if None)."""
+        B, L, C = x.shape
+        H, W = hw_shape
+        Hp, Wp = self.padded_shape(hw_shape)
+        ws, shift = self.window_size, self.shift_size
+        x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
+        if shift:
+            x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
+            if mask is None:
+                mask = shifted_window_mask(Hp, Wp, ws, shift, x.device)
+        else:
+            mask = None
+        x = self.w_msa(window_partition(x, ws), mask=mask)
+        x = window_reverse(x, ws, Hp, Wp)
+        if shift:
+            x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
+        x = x[:, :H, :W].reshape(B, L, C)
+        return self.drop(x)

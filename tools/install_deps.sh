@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Install mmrepa's pinned stack into the environment of $1 (a python executable).
+#
+#   tools/install_deps.sh .venv/bin/python [--tests]
+#
+# Idempotent: what is already installed and working is left alone. mmcv 2.1.0 has no wheel for
+# torch 2.14 on PyPI, so it is compiled once per (torch, Python ABI, machine) and cached under
+# $MMREPA_CACHE (default ~/.cache/mmrepa). A directory named by $MMREPA_WHEELHOUSE is tried first.
+set -euo pipefail
+
+PY=${1:?usage: tools/install_deps.sh PYTHON [--tests]}
+WITH_TESTS=${2:-}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+MMCV_VERSION=2.1.0
+CACHE=${MMREPA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmrepa}
+
+log() { printf '[install] %s\n' "$*" >&2; }
+pip_install() { "$PY" -m pip install --disable-pip-version-check "$@"; }
+installed() { "$PY" - "$1" "$2" <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    v = version(sys.argv[1])
+except PackageNotFoundError:
+    sys.exit(1)
+sys.exit(0 if v.split('+')[0] == sys.argv[2] else 1)
+EOF
+}
+
+# 1. torch and torchvision, as a matched pair (a +cpu torch beside the standard torchvision
+#    fails at import with "operator torchvision::nms does not exist").
+if ! installed torch "$TORCH_VERSION" || ! installed torchvision "$TORCHVISION_VERSION"; then
+  log "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
+  pip_install "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+fi
+if ! "$PY" -c 'import torch, torchvision; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)' 2>/dev/null; then
+  log "torch and torchvision do not work together in this environment:"
+  "$PY" -c 'import torch, torchvision' || true
+  log "reinstall a matched pair, e.g. pip install --force-reinstall torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
+  exit 1
+fi
+
+# 2. The rest of the pinned stack (pip is quick when everything is satisfied already).
+pip_install --quiet -r "$ROOT/requirements/stack.txt"
+if [ "$WITH_TESTS" = "--tests" ]; then
+  pip_install --quiet -r "$ROOT/requirements/tests.txt"
+fi
+
+# 3. mmcv with compiled ops.
+mmcv_ops_ok() { "$PY" -c 'import mmcv, mmcv.ops; from mmcv.ops import nms, RoIAlign' >/dev/null 2>&1; }
+
+try_mmcv_wheel() {  # $1: a directory that may hold a matching wheel
+  local dir=$1 whl
+  [ -n "$dir" ] && [ -d "$dir" ] || return 1
+  for whl in "$dir"/mmcv-"$MMCV_VERSION"-*.whl; do
+    [ -f "$whl" ] || continue
+    log "trying $whl"
+    pip_install --quiet --no-deps --force-reinstall --no-cache-dir "$whl"
+    if mmcv_ops_ok; then return 0; fi
+    log "its mmcv.ops does not import against this torch; discarding it"
+    "$PY" -m pip uninstall --quiet -y mmcv
+  done
+  return 1
+}
+
+build_mmcv() {  # $1: output directory for the wheel
+  local out=$1 work tools
+  work=$(mktemp -d)
+  tools="$CACHE/build-tools/$("$PY" -c 'import sys; print(sys.implementation.cache_tag)')"
+  trap 'rm -rf "$work"' RETURN
+  # mmcv's setup.py imports pkg_resources (setuptools < 70); keep that old setuptools out of
+  # the environment itself by putting it on PYTHONPATH for the build only.
+  if [ ! -d "$tools/setuptools" ]; then
+    pip_install --quiet --no-cache-dir --no-warn-conflicts --target "$tools" "setuptools<70" wheel ninja
+  fi
+  log "downloading the mmcv $MMCV_VERSION source release"
+  PYTHONPATH="$tools" "$PY" -m pip download --quiet --no-deps --no-binary :all: \
+    --no-build-isolation --no-cache-dir -d "$work" "mmcv==$MMCV_VERSION"
+  tar -xzf "$work"/mmcv-"$MMCV_VERSION".tar.gz -C "$work"
+  # torch >= 2.14 headers need C++20; mmcv 2.1.0 hard-codes -std=c++17.
+  sed -i 's/-std=c++17/-std=c++20/g' "$work/mmcv-$MMCV_VERSION/setup.py"
+  log "compiling mmcv $MMCV_VERSION with ops (about 12-16 minutes on 2 cores)"
+  mkdir -p "$out"
+  PATH="$tools/bin:$PATH" PYTHONPATH="$tools" MMCV_WITH_OPS=1 CFLAGS=-g0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+    "$PY" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$out" "$work/mmcv-$MMCV_VERSION"
+}
+
+if installed mmcv "$MMCV_VERSION" && mmcv_ops_ok; then
+  :
+else
+  key=$("$PY" -c 'import platform, sys, torch; print(f"torch{torch.__version__}-{sys.implementation.cache_tag}-{platform.machine()}")')
+  wheels="$CACHE/wheels/$key"
+  if ! try_mmcv_wheel "${MMREPA_WHEELHOUSE:-}" && ! try_mmcv_wheel "$wheels"; then
+    rm -f "$wheels"/mmcv-"$MMCV_VERSION"-*.whl
+    build_mmcv "$wheels"
+    try_mmcv_wheel "$wheels" || { log "the freshly built mmcv does not import mmcv.ops"; exit 1; }
+  fi
+fi
+
+# 4. mmrepa itself, editable.
+if ! "$PY" -c 'import mmrepa' >/dev/null 2>&1 || [ "$("$PY" -c 'import mmrepa, os; print(os.path.dirname(os.path.dirname(os.path.abspath(mmrepa.__file__))))')" != "$ROOT" ]; then
+  pip_install --quiet --no-deps --no-build-isolation -e "$ROOT"
+fi
+log "ok: $("$PY" -c 'import torch, mmcv, mmengine, mmdet, mmseg, mmrepa; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmrepa {mmrepa.__version__}")')"
