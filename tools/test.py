@@ -7,6 +7,7 @@ checks the folded outputs against the original on a test batch and logs the per-
 of both before testing the folded model.
 """
 import argparse
+import json
 import os
 import os.path as osp
 
@@ -27,6 +28,8 @@ def parse_args():
     parser.add_argument('--latency-batches', type=int, default=10, metavar='N',
                         help='with --reparam: test batches timed before/after folding '
                         '(0 to skip timing)')
+    parser.add_argument('--dump-metrics', metavar='FILE.json',
+                        help='also write the metrics to this JSON file')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. test_dataloader.batch_size=2')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -53,7 +56,11 @@ def main():
                  num_batches=max(1, args.latency_batches))
         ]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    runner.test()
+    metrics = runner.test()
+    if args.dump_metrics:
+        with open(args.dump_metrics, 'w') as f:
+            json.dump({k: float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
+                       for k, v in metrics.items()}, f, indent=2)
 
 
 if __name__ == '__main__':

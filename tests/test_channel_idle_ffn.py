@@ -1,0 +1,120 @@
+import copy
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmrepa import reparameterize
+from mmrepa.layers import ChannelIdleFFN, num_active_channels
+
+from .conftest import max_abs_diff, randomize_
+
+NORMS = {
+    'BN': dict(norm_cfg=dict(type='BN1d'), hidden_norm_cfg=dict(type='BN1d')),
+    'LN': dict(norm_cfg=dict(type='LN'), hidden_norm_cfg=None),
+}
+
+
+def make(C=24, idle=0.75, norm='BN', dtype=torch.float64, **kw):
+    ffn = ChannelIdleFFN(C, idle_ratio=idle, **NORMS[norm], **kw)
+    return randomize_(ffn).to(dtype).eval()
+
+
+@pytest.mark.parametrize('norm', ['BN', 'LN'])
+@pytest.mark.parametrize('idle', [0.0, 0.25, 0.5, 0.75, 0.9, 1.0])
+def test_fold_is_exact_in_float64(norm, idle):
+    ffn = make(idle=idle, norm=norm)
+    x = torch.randn(3, 37, 24, dtype=torch.float64) * 2 + 0.5
+    ref = ffn(x)
+    folded = reparameterize(copy.deepcopy(ffn))
+    assert folded.deploy
+    assert max_abs_diff(folded(x), ref) <= 1e-10
+
+
+@pytest.mark.parametrize('norm', ['BN', 'LN'])
+@pytest.mark.parametrize('idle', [0.0, 0.75, 1.0])
+def test_fold_is_close_in_float32(norm, idle):
+    ffn = make(C=40, idle=idle, norm=norm, dtype=torch.float32)
+    x = torch.randn(2, 5, 11, 40)  # any leading shape
+    ref = ffn(x)
+    folded = reparameterize(copy.deepcopy(ffn))
+    torch.testing.assert_close(folded(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_folded_form_is_one_wide_gemm_then_one_from_the_active_slice():
+    C, h = 32, 128
+    ffn = reparameterize(make(C=C, idle=0.75))
+    a = num_active_channels(h, 0.75)
+    assert a == 32
+    assert tuple(ffn.in_proj.weight.shape) == (a + C, C)
+    assert tuple(ffn.out_proj.weight.shape) == (C, a)
+    assert ffn.out_proj.bias is None  # the bias lives in in_proj's linear part
+    assert {n for n, _ in ffn.named_children()} == {'act', 'in_proj', 'out_proj'}
+
+
+def test_activation_sees_only_the_active_slice():
+    ffn = make(C=16, idle=0.75).float()
+    widths = []
+    ffn.act.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[-1]))
+    ffn(torch.randn(2, 7, 16))
+    reparameterize(ffn)
+    ffn(torch.randn(2, 7, 16))
+    assert widths == [16, 16]  # ceil(64 * 0.25), before and after folding
+
+
+@pytest.mark.parametrize('C', [96, 128])
+def test_fold_removes_five_c_squared_weights_at_075(C):
+    ffn = make(C=C, idle=0.75)
+    before = ffn.fc1.weight.numel() + ffn.fc2.weight.numel()
+    reparameterize(ffn)
+    after = ffn.in_proj.weight.numel() + ffn.out_proj.weight.numel()
+    assert before - after == 5 * C * C
+    # the paper's ratio: 1 - theta + 1 / (2 rho) = 0.375 of the FFN weights remain
+    assert after / before == pytest.approx(0.375)
+
+
+def test_deploy_round_trip_and_idempotence():
+    ffn = make(idle=0.5)
+    x = torch.randn(4, 9, 24, dtype=torch.float64)
+    ref = ffn(x)
+    reparameterize(ffn)
+    state = copy.deepcopy(ffn.state_dict())
+    reparameterize(ffn)  # second call changes nothing
+    for k, v in ffn.state_dict().items():
+        assert torch.equal(v, state[k])
+    fresh = ChannelIdleFFN(24, idle_ratio=0.5, deploy=True).double().eval()
+    fresh.load_state_dict(state)
+    assert max_abs_diff(fresh(x), ref) <= 1e-10
+
+
+def test_invalid_idle_ratio_names_the_option():
+    with pytest.raises(ValueError, match=r'idle_ratio must be in \[0, 1\]'):
+        ChannelIdleFFN(8, idle_ratio=1.5)
+
+
+def test_active_channel_count_is_robust_to_float_noise():
+    assert num_active_channels(40, 0.9) == 4  # 40 * 0.1 = 4.000000000000001
+    assert num_active_channels(384, 0.75) == 96
+    assert num_active_channels(384, 0.7) == math.ceil(384 * 0.3 - 1e-9)
+    assert num_active_channels(10, 0.0) == 10 and num_active_channels(10, 1.0) == 0
+
+
+def test_drop_path_and_dropout_are_identity_at_eval_and_train_path_runs():
+    ffn = ChannelIdleFFN(16, drop_rate=0.1, drop_path_rate=0.2)
+    x = torch.randn(4, 6, 16, requires_grad=True)
+    ffn(x).sum().backward()
+    assert x.grad is not None and ffn.fc1.weight.grad is not None
+    ffn.eval()
+    torch.testing.assert_close(ffn(x), ffn(x))
+
+
+@settings(max_examples=25, deadline=None)
+@given(C=st.integers(1, 24), ratio=st.sampled_from([1.0, 2.0, 4.0]),
+       idle=st.floats(0.0, 1.0), tokens=st.integers(1, 17), norm=st.sampled_from(['BN', 'LN']))
+def test_fold_property(C, ratio, idle, tokens, norm):
+    ffn = make(C=C, idle=idle, norm=norm, mlp_ratio=ratio)
+    x = torch.randn(2, tokens, C, dtype=torch.float64)
+    ref = ffn(x)
+    assert max_abs_diff(reparameterize(ffn)(x), ref) <= 1e-10
