@@ -10,7 +10,6 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import DefaultScope
 
 import mmrepa
-from mmrepa.backbones import RePaSwin
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
@@ -77,7 +76,7 @@ def test_config_builds_and_runs_loss_and_predict(path):
     if backbone.get('init_cfg'):
         assert backbone.init_cfg.type == 'Pretrained'
     model = build(shrink(cfg))
-    assert isinstance(model.backbone, RePaSwin)
+    assert type(model.backbone).__module__.startswith('mmrepa.')
     if cfg.default_scope == 'mmseg':
         packed = seg_inputs(cfg.model.decode_head.num_classes)
     else:
@@ -98,9 +97,9 @@ def test_config_builds_and_runs_loss_and_predict(path):
     with torch.no_grad():
         preds = model(**data, mode='predict')
         assert len(preds) == 2
-        if 'repa_swin_t' in path:  # the folded model predicts the same
-            feats = model.backbone(data['inputs'])
-            mmrepa.reparameterize(model)
-            for a, b in zip(feats, model.backbone(data['inputs'])):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
-            assert len(model(**data, mode='predict')) == 2
+        # the folded model gives the same features and still predicts
+        feats = model.backbone(data['inputs'])
+        mmrepa.reparameterize(model)
+        for a, b in zip(feats, model.backbone(data['inputs'])):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+        assert len(model(**data, mode='predict')) == 2

@@ -10,6 +10,11 @@ set -euo pipefail
 
 PY=${1:?usage: tools/install_deps.sh PYTHON [--tests]}
 WITH_TESTS=${2:-}
+# absolute, but without resolving symlinks (a venv's python is a symlink out of the venv)
+case "$PY" in
+  */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;;
+  *) PY=$(command -v "$PY") ;;
+esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
@@ -42,11 +47,23 @@ if ! "$PY" -c 'import torch, torchvision; torchvision.ops.nms(torch.zeros(1, 4),
   exit 1
 fi
 
-# 2. The rest of the pinned stack (pip is quick when everything is satisfied already).
-pip_install --quiet -r "$ROOT/requirements/stack.txt"
-if [ "$WITH_TESTS" = "--tests" ]; then
-  pip_install --quiet -r "$ROOT/requirements/tests.txt"
-fi
+# 2. The rest of the pinned stack.
+satisfied() {  # are all requirements in file $1 installed? (pip itself takes ~30 s to say so)
+  "$PY" - "$1" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+from packaging.requirements import Requirement
+for line in open(sys.argv[1]):
+    line = line.split('#')[0].strip()
+    if line:
+        req = Requirement(line)
+        if not req.specifier.contains(version(req.name), prereleases=True):
+            sys.exit(1)
+EOF
+}
+for req in stack $([ "$WITH_TESTS" = "--tests" ] && echo tests); do
+  satisfied "$ROOT/requirements/$req.txt" || pip_install --quiet -r "$ROOT/requirements/$req.txt"
+done
 
 # 3. mmcv with compiled ops.
 mmcv_ops_ok() { "$PY" -c 'import mmcv, mmcv.ops; from mmcv.ops import nms, RoIAlign' >/dev/null 2>&1; }
@@ -99,8 +116,9 @@ else
   fi
 fi
 
-# 4. mmrepa itself, editable.
-if ! "$PY" -c 'import mmrepa' >/dev/null 2>&1 || [ "$("$PY" -c 'import mmrepa, os; print(os.path.dirname(os.path.dirname(os.path.abspath(mmrepa.__file__))))')" != "$ROOT" ]; then
+# 4. mmrepa itself, editable. (Checked from / so that a checkout in the cwd does not count.)
+where=$(cd / && "$PY" -c 'import mmrepa, os; print(os.path.dirname(os.path.dirname(os.path.abspath(mmrepa.__file__))))' 2>/dev/null || true)
+if [ "$where" != "$ROOT" ]; then
   pip_install --quiet --no-deps --no-build-isolation -e "$ROOT"
 fi
-log "ok: $("$PY" -c 'import torch, mmcv, mmengine, mmdet, mmseg, mmrepa; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmrepa {mmrepa.__version__}")')"
+log "ok: $(cd / && "$PY" -c 'import torch, mmcv, mmengine, mmdet, mmseg, mmrepa; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmrepa {mmrepa.__version__} ({mmrepa.__file__})")')"
