@@ -1,0 +1,177 @@
+"""Measure what folding buys: the unfolded and the folded model, interleaved, in one run.
+
+    python tools/benchmark.py CONFIG [--checkpoint CKPT] [--shape H W] [--batch N]
+        [--repeat R] [--warmup W] [--backbone-only] [--out result.json] [--plot result.png]
+
+Two scopes: ``backbone`` (the backbone on a fixed random tensor of --batch x 3 x H x W) and
+``test_step`` (data preprocessor, forward and post-processing of the whole detector or segmentor
+on the output of the config's own test pipeline, batch 1 — the latency mmdet reports). Reports
+median / min / max ms per image, images/s, parameters and GMACs (mmengine's analysis) before and
+after folding, and the speed-up next to the GMACs ratio.
+"""
+import argparse
+import copy
+import json
+import os
+import os.path as osp
+import platform
+import sys
+import tempfile
+
+import mmcv
+import numpy as np
+import torch
+from mmengine.config import DictAction
+from mmengine.dataset import Compose, pseudo_collate
+
+import mmrepa
+from mmrepa.apis import init_model
+from mmrepa.utils import complexity, time_interleaved
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('config')
+    parser.add_argument('--checkpoint', help='weights to load (random weights without)')
+    parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), default=None,
+                        help='input size (default: 800 1333 for detection, 512 512 for '
+                        'segmentation)')
+    parser.add_argument('--batch', type=int, default=1, help='batch of the backbone scope')
+    parser.add_argument('--repeat', type=int, default=10, help='timed rounds per scope')
+    parser.add_argument('--warmup', type=int, default=2, help='untimed rounds first')
+    parser.add_argument('--backbone-only', action='store_true', help='skip the test_step scope')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--out', help='write the results as JSON here')
+    parser.add_argument('--plot', help='draw a before/after bar chart here (PNG)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args(argv)
+
+
+def pipeline_batch(cfg, shape):
+    """One batch from the config's test pipeline on a random image of ``shape`` (no labels)."""
+    steps = [t for t in cfg.test_dataloader.dataset.pipeline
+             if not t['type'].startswith('LoadAnnotations')]
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(*shape, 3), dtype=np.uint8)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = osp.join(tmp, 'image.png')
+        mmcv.imwrite(image, path)
+        data = Compose(steps)(dict(img_path=path, img_id=0, seg_fields=[], reduce_zero_label=False))
+    return pseudo_collate([data])
+
+
+def summarize(stats, images):
+    out = {}
+    for name, s in stats.items():
+        per_image = [t / images for t in s.samples]
+        out[name] = dict(median_ms=float(np.median(per_image)), min_ms=min(per_image),
+                         max_ms=max(per_image),
+                         images_per_s=1e3 / float(np.median(per_image)))
+    return out
+
+
+def measure(name, variants, images, args, device):
+    def progress(done, total):
+        print(f'\r  {name}: {done}/{total} rounds', end='' if done < total else '\n',
+              flush=True)
+
+    stats = time_interleaved(variants, repeat=args.repeat, warmup=args.warmup, device=device,
+                             progress=progress)
+    return summarize(stats, images)
+
+
+def run(args):
+    device = torch.device(args.device)
+    model = init_model(args.config, args.checkpoint, device, args.cfg_options)
+    cfg = model.cfg
+    shape = tuple(args.shape or ((512, 512) if cfg.default_scope == 'mmseg' else (800, 1333)))
+    folded = mmrepa.reparameterize(copy.deepcopy(model))
+    result = dict(config=args.config, checkpoint=args.checkpoint, device=str(device),
+                  device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda'
+                               else platform.processor() or platform.machine()),
+                  threads=torch.get_num_threads(), dtype=str(next(model.parameters()).dtype),
+                  shape=list(shape), batch=args.batch, repeat=args.repeat, warmup=args.warmup,
+                  torch=torch.__version__, scopes={})
+
+    x = torch.randn(args.batch, 3, *shape, device=device)
+    one = x[:1]
+    scope = measure('backbone', dict(before=lambda: model.backbone(x),
+                                     after=lambda: folded.backbone(x)), args.batch, args, device)
+    before, after = complexity(model.backbone, (one, )), complexity(folded.backbone, (one, ))
+    scope.update(params_before=before['params'], params_after=after['params'],
+                 gmacs_before=before['macs'] / 1e9, gmacs_after=after['macs'] / 1e9)
+    result['scopes']['backbone'] = scope
+
+    if not args.backbone_only:
+        batch = pipeline_batch(cfg, shape)
+        scope = measure('test_step', dict(before=lambda: model.test_step(batch),
+                                          after=lambda: folded.test_step(batch)), 1, args, device)
+        inputs = model.data_preprocessor(copy.deepcopy(batch), False)['inputs']
+        before, after = complexity(model, (inputs, )), complexity(folded, (inputs, ))
+        scope.update(params_before=before['params'], params_after=after['params'],
+                     gmacs_before=before['macs'] / 1e9, gmacs_after=after['macs'] / 1e9,
+                     input_shape=list(inputs.shape))
+        result['scopes']['test_step'] = scope
+
+    for scope in result['scopes'].values():
+        scope['speedup'] = scope['before']['median_ms'] / scope['after']['median_ms']
+        scope['latency_change_percent'] = 100.0 * (1 / scope['speedup'] - 1)
+        scope['gmacs_ratio'] = scope['gmacs_before'] / scope['gmacs_after']
+        scope['speedup_over_gmacs_ratio'] = scope['speedup'] / scope['gmacs_ratio']
+    return result
+
+
+def format_table(result):
+    lines = [f"{result['config']}  |  {result['device']} ({result['device_name']}), "
+             f"{result['threads']} threads, {result['dtype']}, input {result['shape']}, "
+             f"backbone batch {result['batch']}",
+             f"{'scope':<10}{'':<8}{'ms/img':>9}{'min':>9}{'max':>9}{'img/s':>8}"
+             f"{'params M':>10}{'GMACs':>9}"]
+    for name, s in result['scopes'].items():
+        for when in ('before', 'after'):
+            t = s[when]
+            lines.append(f"{name:<10}{when:<8}{t['median_ms']:>9.1f}{t['min_ms']:>9.1f}"
+                         f"{t['max_ms']:>9.1f}{t['images_per_s']:>8.2f}"
+                         f"{s['params_' + when] / 1e6:>10.2f}{s['gmacs_' + when]:>9.1f}")
+        lines.append(f"{name:<10}speed-up {s['speedup']:.3f}x (latency "
+                     f"{s['latency_change_percent']:+.1f} %), GMACs ratio {s['gmacs_ratio']:.3f}, "
+                     f"speed-up / GMACs ratio {s['speedup_over_gmacs_ratio']:.3f}")
+    return '\n'.join(lines)
+
+
+def plot(result, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    names = list(result['scopes'])
+    fig, ax = plt.subplots(figsize=(2.5 + 2 * len(names), 3.5))
+    xs = np.arange(len(names))
+    for offset, when in ((-0.2, 'before'), (0.2, 'after')):
+        values = [result['scopes'][n][when]['median_ms'] for n in names]
+        bars = ax.bar(xs + offset, values, width=0.4, label=f'{when} folding')
+        ax.bar_label(bars, fmt='%.0f')
+    ax.set_xticks(xs, names)
+    ax.set_ylabel('ms / image (median)')
+    ax.set_title(f"{osp.basename(result['config'])}\n{result['shape'][0]}x{result['shape'][1]}, "
+                 f"{result['device']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with torch.no_grad():
+        result = run(args)
+    print(format_table(result))
+    if args.out:
+        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=2)
+    if args.plot:
+        plot(result, args.plot)
+    return result
+
+
+if __name__ == '__main__':
+    sys.exit(0 if main() else 1)

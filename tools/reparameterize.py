@@ -1,0 +1,63 @@
+"""Fold a trained checkpoint offline, for deployment.
+
+    python tools/reparameterize.py CONFIG CHECKPOINT OUT [--force]
+
+OUT holds the folded weights (``state_dict``) and ``meta.mmrepa.deploy = True``. Load it with
+the same config and the backbone built folded:
+
+    python tools/test.py CONFIG OUT --cfg-options model.backbone.deploy=True
+
+The input is never overwritten; OUT is written atomically and an existing OUT is refused
+unless --force is given.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+import tempfile
+
+import torch
+from mmengine.config import DictAction
+
+import mmrepa
+from mmrepa.apis import init_model
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('config')
+    parser.add_argument('checkpoint')
+    parser.add_argument('out')
+    parser.add_argument('--force', action='store_true', help='replace an existing OUT')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if osp.exists(args.out) and osp.samefile(args.out, args.checkpoint):
+        sys.exit(f'OUT is the input checkpoint {args.checkpoint}; choose another path')
+    if osp.exists(args.out) and not args.force:
+        sys.exit(f'{args.out} exists; pass --force to replace it')
+    model = init_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
+    mmrepa.reparameterize(model)
+    meta = dict(mmrepa=dict(deploy=True, version=mmrepa.__version__,
+                            source=osp.abspath(args.checkpoint)),
+                config=model.cfg.pretty_text)
+    out_dir = osp.dirname(osp.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.tmp')
+    os.close(fd)
+    try:
+        torch.save(dict(meta=meta, state_dict=model.state_dict()), tmp)
+        os.replace(tmp, args.out)  # atomic on one file system
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+    params = sum(p.numel() for p in model.parameters())
+    print(f'wrote the folded model ({params / 1e6:.2f} M parameters) to {args.out}; load it with '
+          f'--cfg-options model.backbone.deploy=True')
+
+
+if __name__ == '__main__':
+    main()
