@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from mmrepa.datasets import make_shapes_coco
 
@@ -12,14 +13,16 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
 
 
-def run_tool(*args):
+def run_tool(*args, ok=True):
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
+    log = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == ok, log[-4000:]
+    return log
 
 
 @pytest.fixture(scope='module')
-def small_data(tmp_path_factory):
+def trained(tmp_path_factory):
+    """(work dir, cfg options for the small data, checkpoint of 1 epoch of training)."""
     root = tmp_path_factory.mktemp('tools')
     data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
     options = []
@@ -29,23 +32,114 @@ def small_data(tmp_path_factory):
     for ev in ('val_evaluator', 'test_evaluator'):
         options.append(f'{ev}.ann_file={data}annotations/val.json')
     options.append('model.test_cfg.score_thr=0.0')  # an untrained detector still detects
-    return root, options
-
-
-def test_train_then_test_with_and_without_reparam(small_data):
-    root, options = small_data
     work = str(root / 'work')
     run_tool('tools/train.py', DEMO, '--work-dir', work, '--cfg-options', *options,
              'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
              'train_dataloader.batch_size=4')
-    ckpt = osp.join(work, 'epoch_1.pth')
+    return root, options, osp.join(work, 'epoch_1.pth')
+
+
+def test_test_with_and_without_reparam(trained):
+    root, options, ckpt = trained
     metrics = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '2'])):
         out = str(root / f'{name}.json')
-        log = run_tool('tools/test.py', DEMO, ckpt, '--work-dir', work, '--dump-metrics', out,
-                       *flags, '--cfg-options', *options)
+        log = run_tool('tools/test.py', DEMO, ckpt, '--work-dir', str(root / 'test'),
+                       '--dump-metrics', out, *flags, '--cfg-options', *options)
         with open(out) as f:
             metrics[name] = json.load(f)
     assert 'coco/bbox_mAP' in metrics['plain']
     assert metrics['folded'] == metrics['plain']
     assert 'test_step ms / image' in log and 'parameters (M)' in log  # the latency table
+
+
+def test_offline_reparameterize_round_trip(trained):
+    root, options, ckpt = trained
+    out = str(root / 'folded.pth')
+    before = osp.getmtime(ckpt)
+    log = run_tool('tools/reparameterize.py', DEMO, ckpt, out)
+    assert 'model.backbone.deploy=True' in log
+    assert osp.getmtime(ckpt) == before
+    folded = torch.load(out, map_location='cpu')
+    assert folded['meta']['mmrepa']['deploy'] is True
+    assert not any('.ffn.fc1.' in k for k in folded['state_dict'])
+    assert 'exists' in run_tool('tools/reparameterize.py', DEMO, ckpt, out, ok=False)
+    assert 'input checkpoint' in run_tool('tools/reparameterize.py', DEMO, ckpt, ckpt, '--force',
+                                          ok=False)
+    run_tool('tools/reparameterize.py', DEMO, ckpt, out, '--force')
+    # the folded checkpoint tests like the original (same metric)
+    metrics = {}
+    for name, path, extra in (('orig', ckpt, []), ('deploy', out, ['model.backbone.deploy=True'])):
+        dump = str(root / f'rt_{name}.json')
+        run_tool('tools/test.py', DEMO, path, '--work-dir', str(root / 'rt'), '--dump-metrics',
+                 dump, '--cfg-options', *options, *extra)
+        metrics[name] = json.load(open(dump))
+    assert metrics['deploy'] == metrics['orig']
+
+
+def test_benchmark_writes_well_formed_json(trained, tmp_path):
+    root, options, ckpt = trained
+    out, png = str(tmp_path / 'bench.json'), str(tmp_path / 'bench.png')
+    log = run_tool('tools/benchmark.py', DEMO, '--checkpoint', ckpt, '--shape', '64', '96',
+                   '--repeat', '2', '--warmup', '1', '--device', 'cpu', '--out', out,
+                   '--plot', png)
+    assert 'speed-up' in log
+    result = json.load(open(out))
+    assert result['shape'] == [64, 96] and result['device'] == 'cpu'
+    assert set(result['scopes']) == {'backbone', 'test_step'}
+    for scope in result['scopes'].values():
+        for when in ('before', 'after'):
+            t = scope[when]
+            assert 0 < t['min_ms'] <= t['median_ms'] <= t['max_ms']
+        assert scope['params_after'] < scope['params_before']
+        assert scope['gmacs_after'] < scope['gmacs_before']
+        assert scope['gmacs_ratio'] == pytest.approx(scope['gmacs_before'] / scope['gmacs_after'])
+    assert osp.getsize(png) > 0
+
+
+def test_get_flops(trained):
+    log = run_tool('tools/get_flops.py', DEMO, '--shape', '64', '96')
+    assert 'backbone' in log and 'GMACs' in log
+
+
+@pytest.fixture(scope='module')
+def ade_like(tmp_path_factory):
+    """Two images in ADE20K's layout (jpg images, png label maps 0..150 with 0 = ignore)."""
+    import numpy as np
+    from PIL import Image
+    root = tmp_path_factory.mktemp('ade')
+    rng = np.random.default_rng(0)
+    for split in ('training', 'validation'):
+        (root / 'images' / split).mkdir(parents=True)
+        (root / 'annotations' / split).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+                root / 'images' / split / f'ADE_{i}.jpg')
+            Image.fromarray(rng.integers(0, 151, (48, 64), dtype=np.uint8)).save(
+                root / 'annotations' / split / f'ADE_{i}.png')
+    return str(root)
+
+
+def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
+    config = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+    # small images keep it quick; BN for SyncBN (one process); otherwise the real config
+    options = ['model.backbone.init_cfg=None', 'model.data_preprocessor.size=(64,64)',
+               'model.decode_head.norm_cfg.type=BN', 'model.auxiliary_head.norm_cfg.type=BN',
+               'train_dataloader.dataset.pipeline.2.scale=(128,64)',
+               'train_dataloader.dataset.pipeline.3.crop_size=(64,64)',
+               'test_dataloader.dataset.pipeline.1.scale=(64,64)',
+               'train_cfg.max_iters=2', 'train_cfg.val_interval=2',
+               'default_hooks.checkpoint.interval=2', 'train_dataloader.batch_size=2']
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        options += [f'{loader}.dataset.data_root={ade_like}', f'{loader}.num_workers=0',
+                    f'{loader}.persistent_workers=False']
+    work = str(tmp_path / 'work')
+    run_tool('tools/train.py', config, '--work-dir', work, '--cfg-options', *options)
+    metrics = {}
+    for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
+        dump = str(tmp_path / f'{name}.json')
+        run_tool('tools/test.py', config, osp.join(work, 'iter_2.pth'), '--work-dir', work,
+                 '--dump-metrics', dump, *flags, '--cfg-options', *options)
+        metrics[name] = json.load(open(dump))
+    assert 'mIoU' in metrics['plain']
+    assert metrics['folded'] == metrics['plain']
