@@ -1,7 +1,7 @@
 """Building a model from any mmrepa config, for the tools (mmdet and mmseg configs alike)."""
 import copy
 import importlib
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -9,6 +9,70 @@ from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
+
+
+def _mmrepa_types() -> set:
+    from mmengine.registry import HOOKS, MODELS
+    return {name for registry in (MODELS, HOOKS) for name, cls in registry.module_dict.items()
+            if cls.__module__.startswith('mmrepa.')}
+
+
+def _types_in(node) -> Iterator[str]:
+    if isinstance(node, dict):
+        if isinstance(node.get('type'), str):
+            yield node['type']
+        for value in node.values():
+            yield from _types_in(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _types_in(value)
+
+
+def check_custom_imports(cfg: Config) -> None:
+    """Refuse a config that uses mmrepa modules without importing mmrepa itself.
+
+    Our tools import mmrepa anyway, but mmdet's and mmseg's tools would fail on such a config
+    with an unhelpful "not in the registry" error; say what to add instead.
+    """
+    imports = (cfg.get('custom_imports') or {}).get('imports', [])
+    imports = [imports] if isinstance(imports, str) else list(imports)
+    if any(i == 'mmrepa' or i.startswith('mmrepa.') for i in imports):
+        return
+    used = sorted(set(_types_in(cfg.to_dict())) & _mmrepa_types())
+    if used:
+        raise ValueError(
+            f'config {cfg.filename} uses {", ".join(used)} from mmrepa but does not import '
+            "mmrepa: add custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False) "
+            'to it (mmdet and mmseg tools need it to find these modules).')
+
+
+def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
+    """``Config.fromfile`` + ``--cfg-options`` + :func:`check_custom_imports`."""
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    check_custom_imports(cfg)
+    return cfg
+
+
+def setup_cpu_distributed(cfg: Config) -> None:
+    """Let ``--launcher pytorch`` run on machines without CUDA (e.g. CI with gloo).
+
+    mmengine 0.10's launcher calls ``torch.cuda.set_device`` and wraps DDP with CUDA
+    ``device_ids``; without a GPU we initialise the process group ourselves (mmengine then
+    skips its own) and build DDP without device ids.
+    """
+    if cfg.get('launcher', 'none') != 'pytorch' or torch.cuda.is_available():
+        return
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        backend = cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend', 'gloo')
+        dist.init_process_group(backend='gloo' if backend == 'nccl' else backend)
+    wrapper = dict(type='MMDistributedDataParallel', broadcast_buffers=False,
+                   find_unused_parameters=cfg.get('find_unused_parameters', False))
+    wrapper.update(cfg.get('model_wrapper_cfg') or {})
+    wrapper['device_ids'] = None
+    cfg.model_wrapper_cfg = wrapper
 
 
 def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
@@ -20,9 +84,12 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     ``init_cfg`` weights are not loaded; ``checkpoint`` is, strictly. The config is attached as
     ``model.cfg``.
     """
-    cfg = Config.fromfile(config) if isinstance(config, str) else copy.deepcopy(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    if isinstance(config, str):
+        cfg = load_config(config, cfg_options)
+    else:
+        cfg = copy.deepcopy(config)
+        if cfg_options:
+            cfg.merge_from_dict(cfg_options)
     scope = cfg.get('default_scope', 'mmengine')
     init_default_scope(scope)
     registry = importlib.import_module(f'{scope}.registry')

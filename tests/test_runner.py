@@ -138,3 +138,35 @@ def test_verify_catches_a_wrong_fold(trained, tmp_path, monkeypatch):
     monkeypatch.setattr(ChannelIdleFFN, 'reparameterize', broken)
     with pytest.raises(RuntimeError, match='folded model disagrees'):
         run_test(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
+
+
+def _train(data_root, work_dir, max_epochs, resume_from=None):
+    cfg = demo_cfg(data_root, work_dir, train_cfg=dict(max_epochs=max_epochs, val_interval=100))
+    cfg.train_dataloader.batch_size = 2
+    cfg.train_dataloader.dataset.pipeline[3].prob = 0.0  # no random flips: runs must agree
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0,
+                                end=8)]
+    if resume_from:
+        cfg.resume, cfg.load_from = True, resume_from
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    return runner
+
+
+def test_resume_is_exact(trained, tmp_path):
+    data_root, _ = trained
+    straight = _train(data_root, str(tmp_path / 'straight'), 4)
+    _train(data_root, str(tmp_path / 'first'), 2)
+    resumed = _train(data_root, str(tmp_path / 'second'), 4,
+                     resume_from=str(tmp_path / 'first' / 'epoch_2.pth'))
+    assert resumed.iter == straight.iter == 16
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert any('running_var' in k for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k  # weights and BN statistics
+    sa = straight.optim_wrapper.optimizer.state_dict()
+    sb = resumed.optim_wrapper.optimizer.state_dict()
+    for i, state in sa['state'].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(sb['state'][i][name]))
+    assert [g['lr'] for g in sa['param_groups']] == [g['lr'] for g in sb['param_groups']]

@@ -11,11 +11,13 @@ import json
 import os
 import os.path as osp
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
+from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
+from mmrepa.apis import load_config, setup_cpu_distributed
 
 
 def parse_args():
@@ -42,10 +44,9 @@ def parse_args():
 
 def main():
     args = parse_args()
-    cfg = Config.fromfile(args.config)
+    cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    setup_cpu_distributed(cfg)
     cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
         './work_dirs', osp.splitext(osp.basename(args.config))[0])
     cfg.load_from = args.checkpoint
@@ -57,7 +58,7 @@ def main():
         ]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     metrics = runner.test()
-    if args.dump_metrics:
+    if args.dump_metrics and is_main_process():
         with open(args.dump_metrics, 'w') as f:
             json.dump({k: float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
                        for k, v in metrics.items()}, f, indent=2)

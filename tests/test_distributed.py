@@ -1,0 +1,78 @@
+"""Real 2-process training and testing on the CPU (gloo), through tools/dist_*.sh."""
+import json
+import os
+import os.path as osp
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmrepa.datasets import make_shapes_coco
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def run(*cmd):
+    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()), OMP_NUM_THREADS='1')
+    proc = subprocess.run(['bash', *cmd], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp('dist')
+    data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
+    config = root / 'dist_demo.py'
+    config.write_text(f"""
+_base_ = '{DEMO}'
+custom_imports = dict(imports=['mmrepa', 'tests.dist_hooks'], allow_failed_imports=False)
+custom_hooks = [dict(type='SaveRankWeightsHook')]
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+train_cfg = dict(max_epochs=2, val_interval=2)
+model = dict(test_cfg=dict(score_thr=0.0))
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                        dataset=dict(data_root='{data}'))
+val_dataloader = dict(num_workers=0, persistent_workers=False, dataset=dict(data_root='{data}'))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file='{data}annotations/val.json')
+test_evaluator = val_evaluator
+""")
+    work = str(root / 'work')
+    run('tools/dist_train.sh', str(config), '2', '--work-dir', work)
+    return root, str(config), work
+
+
+def test_two_process_training_keeps_the_ranks_identical(setup):
+    _, _, work = setup
+    r0 = torch.load(osp.join(work, 'rank0_params.pth'))
+    r1 = torch.load(osp.join(work, 'rank1_params.pth'))
+    assert r0.keys() == r1.keys() and len(r0) > 10
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), k
+
+
+def test_two_process_folded_test_matches_single_process(setup):
+    root, config, work = setup
+    ckpt = osp.join(work, 'epoch_2.pth')
+    dist_out, single_out = str(root / 'dist.json'), str(root / 'single.json')
+    log = run('tools/dist_test.sh', config, ckpt, '2', '--work-dir', str(root / 'test2'),
+              '--reparam', '--latency-batches', '2', '--dump-metrics', dist_out)
+    assert 'reparameterized the model for testing' in log
+    proc = subprocess.run([sys.executable, 'tools/test.py', config, ckpt, '--work-dir',
+                           str(root / 'test1'), '--dump-metrics', single_out], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))  # for tests.dist_hooks
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist, single = json.load(open(dist_out)), json.load(open(single_out))
+    assert 'coco/bbox_mAP' in single
+    assert dist == single
