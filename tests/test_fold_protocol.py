@@ -71,3 +71,15 @@ def test_public_api():
     assert mmrepa.reparameterize is reparameterize
     assert issubclass(mmrepa.FoldError, RuntimeError)
     copy.deepcopy(ChannelIdleFFN(4))  # modules stay deep-copyable (the hook relies on it)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_models_fold_in_high_precision(dtype):
+    half = randomize_(ChannelIdleFFN(32, idle_ratio=0.5)).to(dtype).eval()
+    wide = copy.deepcopy(half).float()  # the same values, exactly representable in fp32
+    reparameterize(half)
+    reparameterize(wide)
+    for (name, p), q in zip(half.named_parameters(), wide.parameters()):
+        assert p.dtype == dtype
+        # folding in half precision would round every intermediate product; we do not
+        assert torch.equal(p, q.to(dtype)), name
