@@ -69,3 +69,4 @@ default_hooks = dict(
     logger=dict(interval=20),
     checkpoint=dict(interval=max_epochs, max_keep_ckpts=1))
 auto_scale_lr = dict(enable=False)
+randomness = dict(seed=0)
