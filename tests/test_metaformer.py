@@ -143,8 +143,8 @@ def test_timm_state_dict_gives_timm_outputs_in_float64(cls):
     for hw in [(75, 101), (64, 64)]:
         x = torch.randn(2, 3, *hw, dtype=torch.float64)
         with torch.no_grad():
-            expected = with_output_norms(ours, ref.forward_intermediates(x, intermediates_only=True))
-            assert max_abs_diff(ours(x), expected) <= 1e-10, hw
+            feats = ref.forward_intermediates(x, intermediates_only=True)
+            assert max_abs_diff(ours(x), with_output_norms(ours, feats)) <= 1e-10, hw
 
 
 def test_full_size_caformer_s18_matches_timm():
@@ -408,3 +408,56 @@ def test_bad_input_says_what_is_expected():
         model(torch.randn(1, 1, 64, 64))
     with pytest.raises(ValueError, match='at least 3 x 3 pixels'):
         model(torch.randn(1, 3, 2, 64))
+
+
+# ----------------------------------------------------------------------------- configs, tools
+
+def test_the_issue_configs_exist():
+    import os.path as osp
+    from .test_configs import CONFIGS
+    names = {osp.basename(c) for c in CONFIGS}
+    expected = []
+    for fam in ('convformer', 'caformer'):
+        expected += [f'mask-rcnn_{fam}_s18_ms-3x_coco.py', f'retinanet_{fam}_s18_1x_coco.py',
+                     f'mask-rcnn_repa_{fam}_s18_ms-3x_coco.py',
+                     f'retinanet_repa_{fam}_s18_1x_coco.py']
+        for arch in ('s18', 's36', 'm36'):
+            expected += [f'cascade-mask-rcnn_{fam}_{arch}_ms-3x_coco.py',
+                         f'upernet_{fam}_{arch}_512x512_160k_ade20k.py']
+        for arch in ('s18', 'm36'):
+            expected += [f'cascade-mask-rcnn_repa_{fam}_{arch}_ms-3x_coco.py',
+                         f'upernet_repa_{fam}_{arch}_512x512_160k_ade20k.py']
+    assert sorted(set(expected) - names) == []
+
+
+def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
+    import json
+    import os.path as osp
+    import subprocess
+    import sys
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+    from mmrepa.datasets import make_shapes_coco
+    root = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    config = osp.join(root, 'configs', 'demo', 'retinanet_repa_caformer_shapes.py')
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        detector = DET_MODELS.build(Config.fromfile(config).model)
+    randomize_(detector.backbone)  # non-trivial BN statistics, StarReLU and res scales
+    ckpt = str(tmp_path / 'caformer.pth')
+    torch.save({'state_dict': detector.state_dict(), 'meta': {}}, ckpt)
+    data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=2, size=64) + '/'
+    options = [f'test_dataloader.dataset.data_root={data}', 'test_dataloader.num_workers=0',
+               'test_dataloader.persistent_workers=False',
+               f'test_evaluator.ann_file={data}annotations/val.json',
+               'model.test_cfg.score_thr=0.0']
+    metrics = str(tmp_path / 'metrics.json')
+    proc = subprocess.run(
+        [sys.executable, 'tools/test.py', config, ckpt, '--reparam', '--latency-batches', '1',
+         '--work-dir', str(tmp_path / 'work'), '--dump-metrics', metrics, '--cfg-options',
+         *options], cwd=root, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert 'folded backbone verified' in log and 'parameters (M)' in log
+    with open(metrics) as f:
+        assert 'coco/bbox_mAP' in json.load(f)
