@@ -118,3 +118,92 @@ def test_fold_property(C, ratio, idle, tokens, norm):
     x = torch.randn(2, tokens, C, dtype=torch.float64)
     ref = ffn(x)
     assert max_abs_diff(reparameterize(ffn)(x), ref) <= 1e-10
+
+
+# --- MetaFormer hosts: residual scale, layer scale, no biases, StarReLU (SPEC §1) ---
+
+def metaformer_ffn(C, idle, norm='BN', dtype=torch.float64, layer_scale=True, **kw):
+    """An FFN with every MetaFormer option; randomize_ makes r, g, s and b non-trivial."""
+    kw.setdefault('act_cfg', dict(type='StarReLU'))
+    ffn = ChannelIdleFFN(C, idle_ratio=idle, **NORMS[norm], bias=False, res_scale=True,
+                         layer_scale_init=1e-5 if layer_scale else None, **kw)
+    return randomize_(ffn).to(dtype).eval()
+
+
+def reference_ffn(ffn, x):
+    """The training-time function written out from the parameters (independent of forward)."""
+    from mmrepa.layers import channels_last_norm
+    a = ffn.active_channels
+    h = channels_last_norm(ffn.norm1, x) @ ffn.fc1.weight.t()
+    s, b = ffn.act.scale, ffn.act.bias
+    h = torch.cat([s * torch.relu(h[..., :a])**2 + b, h[..., a:]], dim=-1)
+    if ffn.norm2 is not None:
+        h = channels_last_norm(ffn.norm2, h)
+    z = (h @ ffn.fc2.weight.t()) * ffn.layer_scale
+    return ffn.res_scale * x + z
+
+
+@pytest.mark.parametrize('norm', ['BN', 'LN'])
+@pytest.mark.parametrize('idle', [0.0, 0.3, 0.75, 1.0])
+@pytest.mark.parametrize('C', [7, 13, 24])  # awkward widths: ceil(4C(1 - idle)) is not round
+def test_metaformer_options_fold_exactly_in_float64(norm, idle, C):
+    ffn = metaformer_ffn(C, idle, norm)
+    x = torch.randn(2, 5, 9, C, dtype=torch.float64) * 2 + 0.3
+    ref = ffn(x)
+    assert max_abs_diff(ref, reference_ffn(ffn, x)) <= 1e-12
+    folded = reparameterize(copy.deepcopy(ffn))
+    assert max_abs_diff(folded(x), ref) <= 1e-10
+
+
+@pytest.mark.parametrize('norm', ['BN', 'LN'])
+@pytest.mark.parametrize('idle', [0.0, 0.75])
+def test_metaformer_options_fold_close_in_float32(norm, idle):
+    ffn = metaformer_ffn(37, idle, norm, dtype=torch.float32, layer_scale=False)
+    x = torch.randn(3, 11, 37)
+    ref = ffn(x)
+    torch.testing.assert_close(reparameterize(copy.deepcopy(ffn))(x), ref, rtol=1e-5,
+                               atol=1e-5 * ref.abs().max().item())
+
+
+def test_folded_starrelu_ffn_uses_the_bare_activation_and_folds_the_shortcut():
+    from mmrepa.layers import SquaredReLU
+    C = 16
+    ffn = reparameterize(metaformer_ffn(C, 0.75, 'BN'))
+    assert type(ffn.act) is SquaredReLU and not list(ffn.act.parameters())
+    assert ffn.res_scale is None  # diag(r) lives in in_proj's linear part
+    assert {n for n, _ in ffn.named_parameters()} == {'in_proj.weight', 'in_proj.bias',
+                                                       'out_proj.weight'}
+    ln = reparameterize(metaformer_ffn(C, 0.75, 'LN'))  # the LN shortcut stays, scaled
+    assert ln.res_scale is not None and ln.norm1 is not None
+
+
+@pytest.mark.parametrize('norm', ['BN', 'LN'])
+def test_metaformer_options_deploy_round_trip(norm):
+    kw = dict(**NORMS[norm], act_cfg=dict(type='StarReLU'), bias=False, res_scale=True)
+    ffn = randomize_(ChannelIdleFFN(12, idle_ratio=0.5, layer_scale_init=0.1, **kw))
+    ffn = ffn.double().eval()
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    ref = ffn(x)
+    state = reparameterize(ffn).state_dict()
+    fresh = ChannelIdleFFN(12, idle_ratio=0.5, layer_scale_init=0.1, deploy=True, **kw)
+    fresh.double().eval().load_state_dict(state)  # strict: same structure
+    assert max_abs_diff(fresh(x), ref) <= 1e-10
+
+
+def test_res_and_layer_scale_train_from_their_initial_values():
+    ffn = ChannelIdleFFN(8, res_scale=True, layer_scale_init=1e-5)
+    assert torch.equal(ffn.res_scale, torch.ones(8))
+    assert torch.equal(ffn.layer_scale, torch.full((8, ), 1e-5))
+    x = torch.randn(2, 3, 8)
+    ffn(x).sum().backward()
+    assert ffn.res_scale.grad is not None and ffn.layer_scale.grad is not None
+
+
+@settings(max_examples=25, deadline=None)
+@given(C=st.integers(1, 20), idle=st.floats(0.0, 1.0), norm=st.sampled_from(['BN', 'LN']),
+       layer_scale=st.booleans())
+def test_metaformer_fold_property(C, idle, norm, layer_scale):
+    ffn = metaformer_ffn(C, idle, norm, layer_scale=layer_scale)
+    x = torch.randn(2, 3, C, dtype=torch.float64)
+    ref = ffn(x)
+    assert max_abs_diff(reparameterize(ffn)(x), ref) <= 1e-10

@@ -90,7 +90,8 @@ def test_config_builds_and_runs_loss_and_predict(path):
             isinstance(v, list))
     assert torch.isfinite(total)
     total.backward()
-    assert model.backbone.patch_embed.projection.weight.grad is not None
+    first = next(model.backbone.parameters())  # the patch embedding / stem: gradients reach it
+    assert first.grad is not None
 
     model.eval()
     data = model.data_preprocessor(copy.deepcopy(packed), False)

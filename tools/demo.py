@@ -26,6 +26,8 @@ def run(*args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('--config', default=CONFIG,
+                        help='demo config (configs/demo/*_shapes.py); default: RePa-Swin')
     parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs', 'demo'))
     parser.add_argument('--epochs', type=int, default=None, help='override max_epochs')
     parser.add_argument('--min-map', type=float, default=0.3,
@@ -38,14 +40,14 @@ def main():
 
     extra = ['--cfg-options', f'train_cfg.max_epochs={args.epochs}',
              f'train_cfg.val_interval={args.epochs}'] if args.epochs else []
-    run(osp.join(ROOT, 'tools', 'train.py'), CONFIG, '--work-dir', args.work_dir, *extra)
+    run(osp.join(ROOT, 'tools', 'train.py'), args.config, '--work-dir', args.work_dir, *extra)
     with open(osp.join(args.work_dir, 'last_checkpoint')) as f:
         ckpt = osp.join(args.work_dir, f.read().strip())  # join keeps an absolute path
 
     results = {}
     for name, flags in (('as trained', []), ('folded', ['--reparam'])):
         out = osp.join(args.work_dir, f'metrics_{"folded" if flags else "trained"}.json')
-        run(osp.join(ROOT, 'tools', 'test.py'), CONFIG, ckpt, '--work-dir', args.work_dir,
+        run(osp.join(ROOT, 'tools', 'test.py'), args.config, ckpt, '--work-dir', args.work_dir,
             '--dump-metrics', out, *flags)
         with open(out) as f:
             results[name] = json.load(f)

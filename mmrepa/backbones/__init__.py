@@ -1,3 +1,4 @@
+from .metaformer import CAFormer, ConvFormer
 from .repa_swin import RePaSwin
 
-__all__ = ['RePaSwin']
+__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer']

@@ -1,8 +1,15 @@
-from .channel_idle_ffn import ChannelIdleFFN, channels_last_norm, num_active_channels
+from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
+from .channel_idle_ffn import (ChannelIdleFFN, activate_first, channels_last_norm,
+                               num_active_channels)
+from .res_scale import ResScale
+from .sep_conv import SepConv
 from .window_attention import (ShiftWindowMSA, WindowMSA, shifted_window_mask, window_partition,
                                window_reverse)
+from .windowed_self_attention import WindowedSelfAttention
 
 __all__ = [
-    'ChannelIdleFFN', 'channels_last_norm', 'num_active_channels', 'ShiftWindowMSA', 'WindowMSA',
-    'shifted_window_mask', 'window_partition', 'window_reverse'
+    'ChannelIdleFFN', 'activate_first', 'channels_last_norm', 'num_active_channels',
+    'ShiftWindowMSA', 'WindowMSA', 'shifted_window_mask', 'window_partition', 'window_reverse',
+    'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
+    'ResScale', 'SepConv', 'WindowedSelfAttention'
 ]

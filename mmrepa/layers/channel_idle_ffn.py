@@ -4,7 +4,6 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
@@ -12,6 +11,7 @@ from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..fold import fold_dtype, is_affine_norm, norm_affine
+from .activations import bare_activation, output_affine
 
 
 def num_active_channels(hidden_channels: int, idle_ratio: float) -> int:
@@ -19,6 +19,15 @@ def num_active_channels(hidden_channels: int, idle_ratio: float) -> int:
     if not 0.0 <= idle_ratio <= 1.0:
         raise ValueError(f'idle_ratio must be in [0, 1], got {idle_ratio}')
     return min(hidden_channels, math.ceil(hidden_channels * (1.0 - idle_ratio) - 1e-9))
+
+
+def activate_first(act: nn.Module, h: torch.Tensor, active: int) -> torch.Tensor:
+    """``act`` on the first ``active`` channels of ``h`` (..., hidden), identity on the rest."""
+    if active == h.shape[-1]:
+        return act(h)
+    if active == 0:
+        return h
+    return torch.cat([act(h[..., :active]), h[..., active:]], dim=-1)
 
 
 def channels_last_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -37,13 +46,16 @@ class ChannelIdleFFN(BaseModule):
 
         H   = fc1(norm1(x))
         H   = cat(act(H[..., :a]), H[..., a:])      # only the active slice is activated
-        out = x + drop_path(fc2(norm2(H)))
+        out = r * x + drop_path(g * fc2(norm2(H)))  # r: res_scale, g: layer_scale (or 1)
 
     After :meth:`reparameterize` (or with ``deploy=True``) it computes the same function as
     ``[P, L] = x @ [W_a, W_lin]`` (one GEMM of width ``a + C``), ``out = L + act(P) @ W_out``
-    (one GEMM from the active slice): the idle channels, both BatchNorms and the shortcut fold
-    into ``W_lin``. With a LayerNorm pre-norm (``norm_cfg=dict(type='LN')``) the norm and the
-    shortcut stay and only the idle path folds.
+    (one GEMM from the active slice): the idle channels, both BatchNorms, the layer scale and
+    the shortcut with its residual scale (``diag(r)``) fold into ``W_lin``. An activation with
+    an output affine (:class:`StarReLU`, ``s * relu(x)**2 + b``) folds ``s`` into ``W_out`` and
+    ``b`` into the bias, and the folded FFN applies the bare activation. With a LayerNorm
+    pre-norm (``norm_cfg=dict(type='LN')``) the norm and the (scaled) shortcut stay and the rest
+    folds.
 
     Args:
         embed_dims (int): Channels C of the input and output.
@@ -60,6 +72,11 @@ class ChannelIdleFFN(BaseModule):
         drop_path_rate (float): Stochastic depth on the residual branch. Default: 0.
         deploy (bool): Build the folded structure directly. Default: False.
         init_cfg (dict, optional): Initialization config.
+        res_scale (bool): Scale the shortcut by a learnable per-channel ``res_scale`` (C,),
+            initialised to 1 (MetaFormer's ResScale). Default: False.
+        layer_scale_init (float, optional): Scale the branch by a learnable per-channel
+            ``layer_scale`` (C,) initialised to this value (LayerScale); ``None`` for none.
+            Default: None.
     """
 
     def __init__(self,
@@ -73,20 +90,28 @@ class ChannelIdleFFN(BaseModule):
                  drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
                  deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None,
+                 res_scale: bool = False,
+                 layer_scale_init: Optional[float] = None):
         super().__init__(init_cfg=init_cfg)
         self.embed_dims = embed_dims
         self.hidden_channels = int(round(mlp_ratio * embed_dims))
         self.idle_ratio = idle_ratio
         self.active_channels = num_active_channels(self.hidden_channels, idle_ratio)
         self.deploy = deploy
-        self.act = build_activation_layer(act_cfg)
+        self.has_res_scale = res_scale
+        act = build_activation_layer(act_cfg)
         norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         # The pre-norm folds into fc1 only if it is affine at inference (BN, RepBN).
         self.prenorm_folds = is_affine_norm(norm1)
         if deploy:
+            self.act = bare_activation(act)
             self._build_folded(keep_norm=None if self.prenorm_folds else norm1)
             return
+        self.act = act
+        self.res_scale = nn.Parameter(torch.ones(embed_dims)) if res_scale else None
+        self.layer_scale = (nn.Parameter(torch.full((embed_dims, ), float(layer_scale_init)))
+                            if layer_scale_init is not None else None)
         self.norm1 = norm1
         self.fc1 = nn.Linear(embed_dims, self.hidden_channels, bias=bias)
         self.norm2 = (build_norm_layer(hidden_norm_cfg, self.hidden_channels)[1]
@@ -113,21 +138,25 @@ class ChannelIdleFFN(BaseModule):
         self.in_proj = nn.Linear(C, a + linear_width, **factory)
         self.out_proj = (nn.Linear(a, C, bias=linear_width == 0, **factory)
                          if a > 0 else None)
+        # A shortcut outside in_proj keeps its residual scale as a parameter.
+        self.res_scale = (nn.Parameter(torch.ones(C, **factory))
+                          if self.has_res_scale and not self.shortcut_folded else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., C) -> (..., C), shortcut included."""
         if self.deploy:
             return self._forward_folded(x)
-        a = self.active_channels
         h = self.fc1(channels_last_norm(self.norm1, x))
-        if a == self.hidden_channels:
-            h = self.act(h)
-        elif a > 0:
-            h = torch.cat([self.act(h[..., :a]), h[..., a:]], dim=-1)
+        h = activate_first(self.act, h, self.active_channels)
         if self.norm2 is not None:
             h = channels_last_norm(self.norm2, h)
         z = self.drop(self.fc2(self.drop(h)))
-        return x + self.drop_path(z)
+        if self.layer_scale is not None:
+            z = z * self.layer_scale
+        return self._add_shortcut(self.drop_path(z), x)
+
+    def _add_shortcut(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return z + x if self.res_scale is None else torch.addcmul(z, x, self.res_scale)
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         shape, a = x.shape, self.active_channels
@@ -142,7 +171,7 @@ class ChannelIdleFFN(BaseModule):
         else:
             out = self.out_proj(self.act(h))
         if not self.shortcut_folded:
-            out = out + x
+            out = self._add_shortcut(out, x)
         return out.view(shape)
 
     @torch.no_grad()
@@ -168,11 +197,21 @@ class ChannelIdleFFN(BaseModule):
         if self.norm2 is not None:
             s2, t2 = norm_affine(self.norm2, dtype)
             w_out, b_out = w_out * s2, b_out + w_out @ t2
+        if self.layer_scale is not None:            # scales the rows of W_out and the bias
+            g = self.layer_scale.to(dtype)
+            w_out, b_out = w_out * g[:, None], b_out * g
+        affine = output_affine(self.act, dtype) if a > 0 else None
+        if affine is not None:                      # act = bare * s + b on the active slice
+            s, b = affine
+            b_out = b_out + b * w_out[:, :a].sum(1)
+            w_out = torch.cat([w_out[:, :a] * s, w_out[:, a:]], dim=1)
+        r = self.res_scale.to(dtype) if self.res_scale is not None else None
 
         if self.has_idle_channels:
             w_lin = w_out[:, a:] @ w_in[a:]
-            if self.shortcut_folded:
-                w_lin = w_lin + torch.eye(C, dtype=dtype, device=w_lin.device)
+            if self.shortcut_folded:                # identity (or diag(r)) shortcut
+                w_lin = w_lin + (torch.diag(r) if r is not None else
+                                 torch.eye(C, dtype=dtype, device=w_lin.device))
             b_lin = w_out[:, a:] @ b_in[a:] + b_out
             in_weight = torch.cat([w_in[:a], w_lin])
             in_bias = torch.cat([b_in[:a], b_lin])
@@ -180,8 +219,10 @@ class ChannelIdleFFN(BaseModule):
             in_weight, in_bias = w_in, b_in
 
         keep_norm = None if self.prenorm_folds else self.norm1
-        for name in ('norm1', 'fc1', 'norm2', 'drop', 'fc2', 'drop_path'):
+        for name in ('norm1', 'fc1', 'norm2', 'drop', 'fc2', 'drop_path', 'res_scale',
+                     'layer_scale'):
             delattr(self, name)
+        self.act = bare_activation(self.act)
         self._build_folded(keep_norm, like=like)
         self.in_proj.weight.copy_(in_weight)
         self.in_proj.bias.copy_(in_bias)
@@ -189,8 +230,11 @@ class ChannelIdleFFN(BaseModule):
             self.out_proj.weight.copy_(w_out[:, :a])
             if not self.has_idle_channels:
                 self.out_proj.bias.copy_(b_out)
+        if self.res_scale is not None:
+            self.res_scale.copy_(r)
         self.deploy = True
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, hidden={self.hidden_channels}, '
-                f'active={self.active_channels}, deploy={self.deploy}')
+                f'active={self.active_channels}, res_scale={self.has_res_scale}, '
+                f'deploy={self.deploy}')

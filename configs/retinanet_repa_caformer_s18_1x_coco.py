@@ -1,0 +1,11 @@
+# RePa-CAFormer-S18, the RePa version of
+# retinanet_caformer_s18_1x_coco.py: channel-idle MLPs (idle ratio 0.75, BatchNorm
+# pre-norm and hidden norm) that fold into three matrices for testing.
+_base_ = './retinanet_caformer_s18_1x_coco.py'
+
+pretrained = 'checkpoints/repa_caformer_s18_in1k.pth'  # RePa ImageNet weights (BN statistics)
+model = dict(
+    backbone=dict(
+        idle_ratio=0.75,
+        norm_eval=True,  # detection / segmentation batches are too small for BN statistics
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))

@@ -1,0 +1,11 @@
+# RePa-ConvFormer-M36, the RePa version of
+# upernet_convformer_m36_512x512_160k_ade20k.py: channel-idle MLPs (idle ratio 0.75, BatchNorm
+# pre-norm and hidden norm) that fold into three matrices for testing.
+_base_ = './upernet_convformer_m36_512x512_160k_ade20k.py'
+
+pretrained = 'checkpoints/repa_convformer_m36_in1k.pth'  # RePa ImageNet weights (BN statistics)
+model = dict(
+    backbone=dict(
+        idle_ratio=0.75,
+        norm_eval=True,  # detection / segmentation batches are too small for BN statistics
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))

@@ -1,0 +1,87 @@
+"""StarReLU and squared ReLU (MetaFormer baselines), and the output-affine fold protocol.
+
+An activation whose output is an affine map of a simpler one, ``act(x) = bare(x) * s + b``,
+exposes ``output_affine(dtype) -> (s, b)`` and ``bare() -> module``. A fold can then move ``s``
+and ``b`` into the linear layer that follows and keep only the bare activation.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.registry import MODELS
+
+
+def _autograd_needed(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+@MODELS.register_module()
+class SquaredReLU(nn.Module):
+    """``relu(x)**2``, plus a learnable scalar ``bias`` if ``bias=True``; any shape.
+
+    Without autograd the result is computed in place on relu's output: on CPU the element-wise
+    passes cost as much as a small GEMM.
+    """
+
+    def __init__(self, bias: bool = False):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)
+        if _autograd_needed(x, self.bias):
+            y = y.square()
+            return y if self.bias is None else y + self.bias
+        y = y.square_()
+        return y if self.bias is None else y.add_(self.bias)
+
+
+@MODELS.register_module()
+class StarReLU(nn.Module):
+    """StarReLU ``s * relu(x)**2 + b`` with scalars ``scale`` = s and ``bias`` = b; any shape.
+
+    Args:
+        scale_value (float): Initial s. Default: 1.
+        bias_value (float): Initial b. Default: 0.
+        scale_learnable (bool): Whether s is trained. Default: True.
+        bias_learnable (bool): Whether b is trained. Default: True.
+
+    Without autograd the result is computed in place, as in :class:`SquaredReLU`.
+    """
+
+    def __init__(self, scale_value: float = 1.0, bias_value: float = 0.0,
+                 scale_learnable: bool = True, bias_learnable: bool = True):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((1, ), float(scale_value)),
+                                  requires_grad=scale_learnable)
+        self.bias = nn.Parameter(torch.full((1, ), float(bias_value)),
+                                 requires_grad=bias_learnable)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x)
+        if _autograd_needed(x, self.scale, self.bias):
+            return self.scale * y.square() + self.bias
+        return y.square_().mul_(self.scale).add_(self.bias)
+
+    def output_affine(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(s, b)`` as 0-d tensors in ``dtype``: ``self(x) == bare()(x) * s + b``."""
+        return self.scale.detach().to(dtype).reshape(()), self.bias.detach().to(dtype).reshape(())
+
+    def bare(self) -> nn.Module:
+        return SquaredReLU()
+
+
+def has_output_affine(act: nn.Module) -> bool:
+    """Whether ``act`` implements the protocol (``output_affine`` and ``bare``)."""
+    return all(callable(getattr(act, name, None)) for name in ('output_affine', 'bare'))
+
+
+def output_affine(act: nn.Module,
+                  dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """``(s, b)`` of an activation implementing the protocol, else ``None``."""
+    return act.output_affine(dtype) if has_output_affine(act) else None
+
+
+def bare_activation(act: nn.Module) -> nn.Module:
+    """The activation without its output affine (a new module), or ``act`` itself."""
+    return act.bare() if has_output_affine(act) else act
