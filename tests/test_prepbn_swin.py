@@ -102,6 +102,11 @@ def test_lambda_is_unaffected_by_with_cp_and_extra_forwards():
         assert all(float(layer.lam) == pytest.approx(0.37) for layer in model.prepbn_layers())
     for (n, p), q in zip(plain.named_parameters(), cp.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
+    # the recomputed blocks do not count their batches twice in the BatchNorm statistics
+    cp_state = cp.state_dict()
+    for k, v in plain.state_dict().items():
+        if k.endswith(('running_mean', 'running_var', 'num_batches_tracked')):
+            torch.testing.assert_close(cp_state[k], v, msg=k)
 
 
 def test_norm_eval_freezes_the_statistics_inside_prepbn():

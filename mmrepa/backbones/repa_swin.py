@@ -3,6 +3,7 @@
 With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly mmdet's ``SwinTransformer`` and
 loads its checkpoints unchanged.
 """
+import contextlib
 import math
 import re
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -98,7 +99,9 @@ class RePaSwinBlock(BaseModule):
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw_shape, mask, use_reentrant=False)
+            return cp.checkpoint(self._forward, x, hw_shape, mask, use_reentrant=False,
+                                 context_fn=lambda: (contextlib.nullcontext(),
+                                                     _batchnorm_statistics_kept(self)))
         return self._forward(x, hw_shape, mask)
 
     @torch.no_grad()
@@ -109,6 +112,23 @@ class RePaSwinBlock(BaseModule):
             self.attn.fold_input_affine(scale, shift)
             self.norm1 = None
         self.deploy = True
+
+
+@contextlib.contextmanager
+def _batchnorm_statistics_kept(module: nn.Module):
+    """While gradient checkpointing recomputes ``module``, its BatchNorms normalise as before
+    but do not update their running statistics a second time for the same batch."""
+    bns = [m for m in module.modules()
+           if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    saved = [(bn.momentum, bn.num_batches_tracked.clone()) for bn in bns]
+    for bn in bns:
+        bn.momentum = 0.0
+    try:
+        yield
+    finally:
+        for bn, (momentum, count) in zip(bns, saved):
+            bn.momentum = momentum
+            bn.num_batches_tracked.copy_(count)
 
 
 class RePaSwinStage(BaseModule):
