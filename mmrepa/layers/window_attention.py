@@ -119,29 +119,14 @@ class WindowMSA(BaseModule):
         return self.proj_drop(self.proj(self.attend(self.qkv(x), mask)))
 
 
-def pad_token_map(x: torch.Tensor, Hp: int, Wp: int,
-                  value: Optional[torch.Tensor]) -> torch.Tensor:
-    """Pad (B, H, W, D) at the bottom and right to (B, Hp, Wp, D) with the token ``value`` (D,)
-    (zeros if None)."""
-    B, H, W, D = x.shape
-    if (H, W) == (Hp, Wp):
-        return x
-    fill = value.to(x.dtype) if value is not None else 0.
-    out = x.new_empty(B, Hp, Wp, D)
-    out[:, :H, :W] = x
-    out[:, H:] = fill
-    out[:, :H, W:] = fill
-    return out
-
-
 class ShiftWindowMSA(BaseModule):
     """Window attention on a token map of any size: pad to the window, shift, attend, undo.
 
-    The ``qkv`` projection runs on the real tokens and the projected map is padded with the
-    projection of a padded token. Before any fold that is ``qkv(0)`` (mmdet's Swin pads the
-    normalised map with zeros before ``qkv``); once a norm has been folded into ``qkv``
-    (:meth:`fold_input_affine`), a zero token no longer maps to ``qkv(0)``, so the pre-fold value
-    is kept in the ``padded_qkv`` buffer and the folded model stays exact on every input size.
+    The map is padded with zero tokens, as in mmdet's Swin, whose projection is ``qkv(0)``.
+    Once a norm has been folded into ``qkv`` (:meth:`fold_input_affine`) a zero token no longer
+    projects to the pre-fold ``qkv(0)``, so that value is kept in the ``padded_qkv`` buffer and
+    written over the padded tokens' projections: the folded model stays exact on every input
+    size (SPEC §2).
 
     Args:
         embed_dims, num_heads, window_size, qkv_bias, qk_scale, attn_drop_rate,
@@ -180,6 +165,7 @@ class ShiftWindowMSA(BaseModule):
             raise ValueError(f"attn_type must be 'S' (softmax) or 'L' (linear), got {attn_type!r}")
         self.register_buffer('padded_qkv',
                              torch.zeros(3 * embed_dims) if norm_folded else None)
+        self._padded_cache = None
         self.drop = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
     def padded_shape(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
@@ -198,20 +184,36 @@ class ShiftWindowMSA(BaseModule):
         H, W = hw_shape
         Hp, Wp = self.padded_shape(hw_shape)
         ws, shift = self.window_size, self.shift_size
-        padded = (self.padded_qkv if self.padded_qkv is not None else self.w_msa.qkv.bias)
-        qkv = pad_token_map(self.w_msa.qkv(x).view(B, H, W, 3 * C), Hp, Wp, padded)
+        x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
         if shift:
-            qkv = torch.roll(qkv, shifts=(-shift, -shift), dims=(1, 2))
+            x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
         if not self.needs_mask:
             mask = None
         elif mask is None:
             mask = shifted_window_mask(Hp, Wp, ws, shift, x.device)
-        x = self.w_msa.attend(window_partition(qkv, ws), mask)
+        qkv = self.w_msa.qkv(window_partition(x, ws))  # B*nW, N, 3C
+        if self.padded_qkv is not None and (Hp, Wp) != (H, W):
+            padded = self._padded_tokens(hw_shape, x.device)
+            qkv.view(B, -1, 3 * C)[:, padded] = self.padded_qkv.to(qkv.dtype)
+        x = self.w_msa.proj_drop(self.w_msa.proj(self.w_msa.attend(qkv, mask)))
         x = window_reverse(x, ws, Hp, Wp)
         if shift:
             x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
         x = x[:, :H, :W].reshape(B, L, C)
-        return self.drop(self.w_msa.proj_drop(self.w_msa.proj(x)))
+        return self.drop(x)
+
+    def _padded_tokens(self, hw_shape: Tuple[int, int], device) -> torch.Tensor:
+        """Indices of the padded tokens among the nW * N tokens of one image's windows."""
+        key = (tuple(hw_shape), device)
+        if self._padded_cache is None or self._padded_cache[0] != key:
+            (H, W), (Hp, Wp) = hw_shape, self.padded_shape(hw_shape)
+            is_pad = torch.ones((1, Hp, Wp, 1), dtype=torch.bool, device=device)
+            is_pad[:, :H, :W] = False
+            if self.shift_size:
+                is_pad = torch.roll(is_pad, shifts=(-self.shift_size, ) * 2, dims=(1, 2))
+            index = window_partition(is_pad, self.window_size).flatten().nonzero().squeeze(1)
+            self._padded_cache = (key, index)  # the same size comes again (video, benchmarks)
+        return self._padded_cache[1]
 
     @torch.no_grad()
     def fold_input_affine(self, scale: torch.Tensor, shift: torch.Tensor) -> None:
