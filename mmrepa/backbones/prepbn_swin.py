@@ -105,6 +105,7 @@ class PRepBNSwin(RePaSwin):
         self._swin_init()
 
     def prepbn_layers(self) -> List[PRepBN]:
+        """Every PRepBN of the backbone (none once folded)."""
         return [m for m in self.modules() if isinstance(m, PRepBN)]
 
     def load_pretrained(self, filename: str):
