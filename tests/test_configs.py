@@ -98,9 +98,16 @@ def test_config_builds_and_runs_loss_and_predict(path):
     with torch.no_grad():
         preds = model(**data, mode='predict')
         assert len(preds) == 2
-        # the folded model gives the same features and still predicts
-        feats = model.backbone(data['inputs'])
+        # the folded backbone gives the same features, compared in float64: untrained RepBN
+        # norms (PRepBN configs) do not normalise, and the resulting backbone is so
+        # ill-conditioned that fp32 rounding alone moves its outputs by more than 1e-4
+        backbone = copy.deepcopy(model.backbone).double()
+        x = data['inputs'].double()
+        feats = backbone(x)
+        mmrepa.reparameterize(backbone)
+        for a, b in zip(feats, backbone(x)):
+            torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6 * a.abs().max().item())
+        # and the folded model still predicts
+        model.backbone = backbone.float()
         mmrepa.reparameterize(model)
-        for a, b in zip(feats, model.backbone(data['inputs'])):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
         assert len(model(**data, mode='predict')) == 2

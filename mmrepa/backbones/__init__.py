@@ -1,4 +1,5 @@
 from .metaformer import CAFormer, ConvFormer
+from .prepbn_swin import PRepBNSwin
 from .repa_swin import RePaSwin
 
-__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer']
+__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer', 'PRepBNSwin']

@@ -3,6 +3,7 @@
 With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly mmdet's ``SwinTransformer`` and
 loads its checkpoints unchanged.
 """
+import contextlib
 import math
 import re
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -12,15 +13,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
-from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from mmengine.model import BaseModule, ModuleList
 from mmengine.model.weight_init import constant_init, trunc_normal_init
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
-from ..fold import fold_submodules
-from ..layers import ChannelIdleFFN, ShiftWindowMSA, shifted_window_mask
+from ..fold import fold_dtype, fold_submodules, is_affine_norm, norm_affine
+from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
+                      shifted_window_mask)
 
 # embed_dims, depths, num_heads of the published Swin variants.
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -61,34 +62,73 @@ def per_stage(value, num_stages: int, name: str) -> list:
 class RePaSwinBlock(BaseModule):
     """Swin block: ``x + attn(norm1(x))`` then the FFN (which owns its norm and shortcut).
 
+    An affine ``norm1`` (RepBN, PRepBN, BatchNorm) folds into the attention's ``qkv``
+    (:meth:`reparameterize`); a LayerNorm stays. ``attn_type`` picks softmax window attention
+    (``'S'``) or simplified linear attention (``'L'``), see :class:`ShiftWindowMSA`;
+    ``deploy=True`` builds the folded structure.
+
     Input and output (B, H*W, C) with ``hw_shape = (H, W)``.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, window_size: int, shift: bool,
                  ffn_cfg: dict, qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
-                 norm_cfg: dict = dict(type='LN'), with_cp: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 norm_cfg: dict = dict(type='LN'), attn_type: str = 'S', with_cp: bool = False,
+                 deploy: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         self.with_cp = with_cp
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        norm_folded = deploy and is_affine_norm(self.norm1)
+        if norm_folded:
+            self.norm1 = None
+        self.deploy = deploy
         self.attn = ShiftWindowMSA(embed_dims, num_heads, window_size,
                                    shift_size=window_size // 2 if shift else 0,
                                    qkv_bias=qkv_bias, qk_scale=qk_scale,
                                    attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate,
-                                   drop_path_rate=drop_path_rate)
+                                   drop_path_rate=drop_path_rate, attn_type=attn_type,
+                                   norm_folded=norm_folded)
         self.ffn = ChannelIdleFFN(embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate,
                                   **ffn_cfg)
 
     def _forward(self, x, hw_shape, mask):
-        x = x + self.attn(self.norm1(x), hw_shape, mask)
+        y = x if self.norm1 is None else self.norm1(x)
+        x = x + self.attn(y, hw_shape, mask)
         return self.ffn(x)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw_shape, mask, use_reentrant=False)
+            return cp.checkpoint(self._forward, x, hw_shape, mask, use_reentrant=False,
+                                 context_fn=lambda: (contextlib.nullcontext(),
+                                                     _batchnorm_statistics_kept(self)))
         return self._forward(x, hw_shape, mask)
+
+    @torch.no_grad()
+    def reparameterize(self) -> None:
+        """Fold an affine ``norm1`` into ``qkv`` (the FFN folds itself); idempotent."""
+        if self.norm1 is not None and is_affine_norm(self.norm1):
+            scale, shift = norm_affine(self.norm1, fold_dtype(self.attn.w_msa.qkv.weight))
+            self.attn.fold_input_affine(scale, shift)
+            self.norm1 = None
+        self.deploy = True
+
+
+@contextlib.contextmanager
+def _batchnorm_statistics_kept(module: nn.Module):
+    """While gradient checkpointing recomputes ``module``, its BatchNorms normalise as before
+    but do not update their running statistics a second time for the same batch."""
+    bns = [m for m in module.modules()
+           if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    saved = [(bn.momentum, bn.num_batches_tracked.clone()) for bn in bns]
+    for bn in bns:
+        bn.momentum = 0.0
+    try:
+        yield
+    finally:
+        for bn, (momentum, count) in zip(bns, saved):
+            bn.momentum = momentum
+            bn.num_batches_tracked.copy_(count)
 
 
 class RePaSwinStage(BaseModule):
@@ -109,12 +149,13 @@ class RePaSwinStage(BaseModule):
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
         """Returns (next-stage input, its hw_shape, this stage's output, its hw_shape)."""
         mask = None
-        if len(self.blocks) > 1:  # one shifted-window mask for all shifted blocks
-            attn = self.blocks[1].attn
+        masked = [block.attn for block in self.blocks if block.attn.needs_mask]
+        if masked:  # one shifted-window mask for all shifted blocks
+            attn = masked[0]
             mask = shifted_window_mask(*attn.padded_shape(hw_shape), attn.window_size,
                                        attn.shift_size, x.device)
-        for i, block in enumerate(self.blocks):
-            x = block(x, hw_shape, mask if i % 2 else None)
+        for block in self.blocks:
+            x = block(x, hw_shape, mask if block.attn.needs_mask else None)
         if self.downsample is None:
             return x, hw_shape, x, hw_shape
         x_down, down_shape = self.downsample(x, hw_shape)
@@ -139,8 +180,13 @@ class RePaSwin(BaseModule):
         idle_ratio (float | Sequence[float]): Fraction of FFN hidden channels left linear, in
             [0, 1], one value or one per stage. Default: 0.75.
         ffn_norm (str): ``'BN'``: BatchNorm before ``fc1`` and on the hidden layer (everything
-            folds); ``'LN'``: Swin's LayerNorm before ``fc1`` and no hidden norm (with
-            ``idle_ratio=0`` this is mmdet's Swin). Default: ``'BN'``.
+            folds); ``'LN'``: Swin's FFN, ``norm_cfg`` (LayerNorm unless changed) before ``fc1``
+            and no hidden norm (with ``idle_ratio=0`` this is mmdet's Swin). Default: ``'BN'``.
+        attn_types (str, optional): One letter per stage: ``'S'`` softmax window attention,
+            ``'L'`` SLAB's simplified linear attention (e.g. ``'LLSS'``). Default: all ``'S'``.
+        linear_window_sizes (int | Sequence[int]): Window side of the ``'L'`` stages, one value
+            or one per stage; (56, 28, 14, 7) is each stage's whole map at 224 px, as SLAB-Swin
+            is pretrained. Default: (56, 28, 14, 7).
         qkv_bias (bool): Bias in the qkv projections. Default: True.
         qk_scale (float, optional): Overrides ``head_dim ** -0.5``.
         patch_norm (bool): Norm after patch embedding and in patch merging. Default: True.
@@ -148,7 +194,8 @@ class RePaSwin(BaseModule):
         attn_drop_rate (float): Attention dropout rate. Default: 0.
         drop_path_rate (float): Stochastic depth, increasing linearly to this. Default: 0.1.
         act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
-        norm_cfg (dict): Norms of the attention branch, patch embedding and merging.
+        norm_cfg (dict): Norms of the attention branch, patch embedding and merging; affine
+            ones (``RepBN``, ``PRepBN``) fold into ``qkv``, the conv and the reduction.
             Default: ``dict(type='LN')``.
         out_norm_cfg (dict): Norms applied to the outputs. Default: ``dict(type='LN')``.
         out_indices (Sequence[int]): Stages whose outputs are returned. Default: (0, 1, 2, 3).
@@ -157,7 +204,8 @@ class RePaSwin(BaseModule):
         norm_eval (bool): Keep every BatchNorm in eval mode while training (frozen statistics,
             as detection fine-tuning with small batches needs). Default: False.
         with_cp (bool): Gradient checkpointing per block. Default: False.
-        deploy (bool): Build the folded FFNs directly (load folded checkpoints). Default: False.
+        deploy (bool): Build the folded structure directly (load folded checkpoints).
+            Default: False.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmdet
             Swin, original Swin, RePaViT and mmrepa checkpoints (see
             :func:`checkpoint_filter_fn`); otherwise truncated-normal initialisation.
@@ -171,6 +219,8 @@ class RePaSwin(BaseModule):
                  mlp_ratio: float = 4.,
                  idle_ratio: Union[float, Sequence[float]] = 0.75,
                  ffn_norm: str = 'BN',
+                 attn_types: Optional[str] = None,
+                 linear_window_sizes: Union[int, Sequence[int]] = (56, 28, 14, 7),
                  qkv_bias: bool = True,
                  qk_scale: Optional[float] = None,
                  patch_norm: bool = True,
@@ -216,27 +266,38 @@ class RePaSwin(BaseModule):
             raise ValueError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
         ffn_norms = ((dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else
                      (norm_cfg, None))
+        self.attn_types = attn_types or 'S' * self.num_stages
+        if len(self.attn_types) != self.num_stages or set(self.attn_types) - set('SL'):
+            raise ValueError(f"attn_types must have one letter per stage ({self.num_stages}), "
+                             f"'S' (softmax window attention) or 'L' (simplified linear "
+                             f"attention), e.g. 'LLSS'; got {attn_types!r}")
+        window_sizes = [window_size] * self.num_stages
+        if 'L' in self.attn_types:
+            linear = per_stage(linear_window_sizes, self.num_stages, 'linear_window_sizes')
+            window_sizes = [lw if t == 'L' else window_size
+                            for t, lw in zip(self.attn_types, linear)]
 
-        self.patch_embed = PatchEmbed(
+        self.patch_embed = FoldablePatchEmbed(
             in_channels=in_channels, embed_dims=self.embed_dims, conv_type='Conv2d',
             kernel_size=patch_size, stride=patch_size,
-            norm_cfg=norm_cfg if patch_norm else None)
+            norm_cfg=norm_cfg if patch_norm else None, deploy=deploy)
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.stages = ModuleList()
         for i, depth in enumerate(depths):
             dims = self.num_features[i]
-            downsample = (PatchMerging(in_channels=dims, out_channels=2 * dims, stride=2,
-                                       norm_cfg=norm_cfg if patch_norm else None)
+            downsample = (FoldablePatchMerging(in_channels=dims, out_channels=2 * dims, stride=2,
+                                               norm_cfg=norm_cfg if patch_norm else None,
+                                               deploy=deploy)
                           if i < self.num_stages - 1 else None)
             ffn_cfg = dict(mlp_ratio=mlp_ratio, idle_ratio=idle_ratios[i], norm_cfg=ffn_norms[0],
                            hidden_norm_cfg=ffn_norms[1], act_cfg=act_cfg, deploy=deploy)
             self.stages.append(RePaSwinStage(
-                dims, depth, num_heads[i], window_size,
+                dims, depth, num_heads[i], window_sizes[i],
                 drop_path_rates=dpr[sum(depths[:i]):sum(depths[:i + 1])],
                 downsample=downsample, ffn_cfg=ffn_cfg, qkv_bias=qkv_bias, qk_scale=qk_scale,
                 drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, norm_cfg=norm_cfg,
-                with_cp=with_cp))
+                attn_type=self.attn_types[i], with_cp=with_cp, deploy=deploy))
         for i in self.out_indices:
             self.add_module(f'norm{i}', build_norm_layer(out_norm_cfg, self.num_features[i])[1])
         self._freeze_stages()
@@ -261,7 +322,7 @@ class RePaSwin(BaseModule):
         return tuple(outs)
 
     def reparameterize(self) -> None:
-        """Fold every channel-idle FFN (eval mode required); idempotent."""
+        """Fold every foldable part (eval mode required); idempotent."""
         fold_submodules(self)
         self.deploy = True
 
@@ -295,11 +356,15 @@ class RePaSwin(BaseModule):
             return
         super().init_weights()
         if self.init_cfg is None:
-            for m in self.modules():
-                if isinstance(m, nn.Linear):
-                    trunc_normal_init(m, std=.02, bias=0.)
-                elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-                    constant_init(m, 1.0, bias=0.)
+            self._swin_init()
+
+    def _swin_init(self):
+        """Swin's initialisation: truncated-normal Linear weights, identity norms."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_init(m, std=.02, bias=0.)
+            elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
+                constant_init(m, 1.0, bias=0.)
 
     def load_pretrained(self, filename: str):
         """Load a Swin checkpoint of any supported layout; see :func:`checkpoint_filter_fn`."""
@@ -331,9 +396,12 @@ def _from_original_swin(state_dict: Dict[str, torch.Tensor], model: RePaSwin) ->
             continue
         k = k.replace('patch_embed.proj.', 'patch_embed.projection.')
         if k.startswith('layers.'):
+            stage = int(k.split('.')[1])
             k = 'stages.' + k[len('layers.'):]
             k = k.replace('.attn.', '.attn.w_msa.').replace('.mlp.', '.ffn.')
-            if '.downsample.' in k:
+            # per-merged-channel tensors (weights, norm statistics) change order; scalars don't
+            if ('.downsample.' in k and v.dim() >= 1 and stage < model.num_stages and
+                    v.shape[-1] == 4 * model.num_features[stage]):
                 v = _unfold_order(v)
         out[k] = v
     return out

@@ -1,3 +1,7 @@
-from .hooks import ReparameterizeHook
+from .hooks import (BNRecalibrationHook, PRepBNScheduleHook, ReparameterizeHook, recalibrate_bn,
+                    recalibrate_model_bn)
 
-__all__ = ['ReparameterizeHook']
+__all__ = [
+    'BNRecalibrationHook', 'PRepBNScheduleHook', 'ReparameterizeHook', 'recalibrate_bn',
+    'recalibrate_model_bn'
+]

@@ -1,6 +1,9 @@
 from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
 from .channel_idle_ffn import (ChannelIdleFFN, activate_first, channels_last_norm,
                                num_active_channels)
+from .linear_attention import SimplifiedLinearAttention
+from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
+from .prepbn import PRepBN, RepBN
 from .res_scale import ResScale
 from .sep_conv import SepConv
 from .window_attention import (ShiftWindowMSA, WindowMSA, shifted_window_mask, window_partition,
@@ -11,5 +14,6 @@ __all__ = [
     'ChannelIdleFFN', 'activate_first', 'channels_last_norm', 'num_active_channels',
     'ShiftWindowMSA', 'WindowMSA', 'shifted_window_mask', 'window_partition', 'window_reverse',
     'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
-    'ResScale', 'SepConv', 'WindowedSelfAttention'
+    'ResScale', 'SepConv', 'WindowedSelfAttention', 'SimplifiedLinearAttention',
+    'FoldablePatchEmbed', 'FoldablePatchMerging', 'PRepBN', 'RepBN'
 ]

@@ -1,7 +1,10 @@
-"""Swin's (shifted) window self-attention, with padding to any input size.
+"""Swin's (shifted) window attention, with padding to any input size.
 
 Parameter names follow mmdet's ``ShiftWindowMSA`` (``w_msa.qkv``, ``w_msa.proj``,
-``w_msa.relative_position_bias_table``) so mmdet Swin checkpoints load unchanged.
+``w_msa.relative_position_bias_table``) so mmdet Swin checkpoints load unchanged. The attention
+core ``w_msa`` is softmax window attention (:class:`WindowMSA`) or SLAB's simplified linear
+attention (:class:`~mmrepa.layers.SimplifiedLinearAttention`); both expose ``qkv``, ``proj``,
+``proj_drop`` and ``attend(qkv_windows, mask)``.
 """
 from typing import Optional, Tuple
 
@@ -11,6 +14,8 @@ import torch.nn.functional as F
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
+
+from .linear_attention import SimplifiedLinearAttention
 
 
 def window_partition(x: torch.Tensor, window_size: int) -> torch.Tensor:
@@ -56,8 +61,11 @@ class WindowMSA(BaseModule):
         proj_drop_rate (float): Dropout after the output projection. Default: 0.
 
     Input (B * nW, N, C) with N = window_size**2, optional additive mask (nW, N, N);
-    output (B * nW, N, C).
+    output (B * nW, N, C). :meth:`attend` does the same from the projected (B * nW, N, 3C)
+    ``qkv`` up to (excluding) the output projection.
     """
+
+    uses_mask = True  # honours the shifted-window mask
 
     def __init__(self, embed_dims: int, num_heads: int, window_size: int,
                  qkv_bias: bool = True, qk_scale: Optional[float] = None,
@@ -92,9 +100,10 @@ class WindowMSA(BaseModule):
         """(num_heads, N, N)."""
         return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        BnW, N, C = x.shape
-        qkv = self.qkv(x).view(BnW, N, 3, self.num_heads, C // self.num_heads)
+    def attend(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """qkv (B * nW, N, 3C) -> attention output (B * nW, N, C), before ``proj``."""
+        BnW, N, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        qkv = qkv.view(BnW, N, 3, self.num_heads, C // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each B*nW, heads, N, d
         bias = self.relative_position_bias().unsqueeze(0)  # 1, heads, N, N
         if mask is not None:
@@ -104,40 +113,69 @@ class WindowMSA(BaseModule):
         x = F.scaled_dot_product_attention(
             q, k, v, attn_mask=bias.to(q.dtype),
             dropout_p=self.attn_drop_rate if self.training else 0., scale=self.scale)
-        x = x.reshape(BnW, self.num_heads, N, -1).transpose(1, 2).reshape(BnW, N, C)
-        return self.proj_drop(self.proj(x))
+        return x.reshape(BnW, self.num_heads, N, -1).transpose(1, 2).reshape(BnW, N, C)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(self.qkv(x), mask)))
 
 
 class ShiftWindowMSA(BaseModule):
     """Window attention on a token map of any size: pad to the window, shift, attend, undo.
+
+    The map is padded with zero tokens, as in mmdet's Swin, whose projection is ``qkv(0)``.
+    Once a norm has been folded into ``qkv`` (:meth:`fold_input_affine`) a zero token no longer
+    projects to the pre-fold ``qkv(0)``, so that value is kept in the ``padded_qkv`` buffer and
+    written over the padded tokens' projections: the folded model stays exact on every input
+    size (SPEC §2).
 
     Args:
         embed_dims, num_heads, window_size, qkv_bias, qk_scale, attn_drop_rate,
         proj_drop_rate: As in :class:`WindowMSA`.
         shift_size (int): Cyclic shift towards the bottom right; 0 for plain windows.
         drop_path_rate (float): Stochastic depth on the output. Default: 0.
+        attn_type (str): ``'S'``: softmax window attention with relative position bias
+            (:class:`WindowMSA`); ``'L'``: simplified linear attention
+            (:class:`~mmrepa.layers.SimplifiedLinearAttention`, no shifted-window mask, as in
+            SLAB). Default: ``'S'``.
+        norm_folded (bool): Build the structure :meth:`fold_input_affine` leaves (a ``qkv``
+            bias and the ``padded_qkv`` buffer), to load folded checkpoints. Default: False.
 
-    Input (B, H*W, C) with ``hw_shape = (H, W)``; output (B, H*W, C). Padded positions are
-    zero tokens, as in mmdet's Swin.
+    Input (B, H*W, C) with ``hw_shape = (H, W)``; output (B, H*W, C).
     """
 
     def __init__(self, embed_dims: int, num_heads: int, window_size: int,
                  shift_size: int = 0, qkv_bias: bool = True, qk_scale: Optional[float] = None,
                  attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
-                 drop_path_rate: float = 0., init_cfg: Optional[dict] = None):
+                 drop_path_rate: float = 0., attn_type: str = 'S', norm_folded: bool = False,
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if not 0 <= shift_size < window_size:
             raise ValueError(f'shift_size must be in [0, window_size={window_size}), '
                              f'got {shift_size}')
         self.window_size = window_size
         self.shift_size = shift_size
-        self.w_msa = WindowMSA(embed_dims, num_heads, window_size, qkv_bias, qk_scale,
-                               attn_drop_rate, proj_drop_rate)
+        qkv_bias = qkv_bias or norm_folded
+        if attn_type == 'S':
+            self.w_msa = WindowMSA(embed_dims, num_heads, window_size, qkv_bias, qk_scale,
+                                   attn_drop_rate, proj_drop_rate)
+        elif attn_type == 'L':
+            self.w_msa = SimplifiedLinearAttention(embed_dims, num_heads, window_size, qkv_bias,
+                                                   proj_drop_rate)
+        else:
+            raise ValueError(f"attn_type must be 'S' (softmax) or 'L' (linear), got {attn_type!r}")
+        self.register_buffer('padded_qkv',
+                             torch.zeros(3 * embed_dims) if norm_folded else None)
+        self._padded_cache = None
         self.drop = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
     def padded_shape(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
         ws = self.window_size
         return tuple(-(-s // ws) * ws for s in hw_shape)
+
+    @property
+    def needs_mask(self) -> bool:
+        """Whether :meth:`forward` uses a shifted-window mask."""
+        return bool(self.shift_size) and self.w_msa.uses_mask
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -149,13 +187,46 @@ class ShiftWindowMSA(BaseModule):
         x = F.pad(x.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
         if shift:
             x = torch.roll(x, shifts=(-shift, -shift), dims=(1, 2))
-            if mask is None:
-                mask = shifted_window_mask(Hp, Wp, ws, shift, x.device)
-        else:
+        if not self.needs_mask:
             mask = None
-        x = self.w_msa(window_partition(x, ws), mask=mask)
+        elif mask is None:
+            mask = shifted_window_mask(Hp, Wp, ws, shift, x.device)
+        qkv = self.w_msa.qkv(window_partition(x, ws))  # B*nW, N, 3C
+        if self.padded_qkv is not None and (Hp, Wp) != (H, W):
+            padded = self._padded_tokens(hw_shape, x.device)
+            qkv.view(B, -1, 3 * C)[:, padded] = self.padded_qkv.to(qkv.dtype)
+        x = self.w_msa.proj_drop(self.w_msa.proj(self.w_msa.attend(qkv, mask)))
         x = window_reverse(x, ws, Hp, Wp)
         if shift:
             x = torch.roll(x, shifts=(shift, shift), dims=(1, 2))
         x = x[:, :H, :W].reshape(B, L, C)
         return self.drop(x)
+
+    def _padded_tokens(self, hw_shape: Tuple[int, int], device) -> torch.Tensor:
+        """Indices of the padded tokens among the nW * N tokens of one image's windows."""
+        key = (tuple(hw_shape), device)
+        if self._padded_cache is None or self._padded_cache[0] != key:
+            (H, W), (Hp, Wp) = hw_shape, self.padded_shape(hw_shape)
+            is_pad = torch.ones((1, Hp, Wp, 1), dtype=torch.bool, device=device)
+            is_pad[:, :H, :W] = False
+            if self.shift_size:
+                is_pad = torch.roll(is_pad, shifts=(-self.shift_size, ) * 2, dims=(1, 2))
+            index = window_partition(is_pad, self.window_size).flatten().nonzero().squeeze(1)
+            self._padded_cache = (key, index)  # the same size comes again (video, benchmarks)
+        return self._padded_cache[1]
+
+    @torch.no_grad()
+    def fold_input_affine(self, scale: torch.Tensor, shift: torch.Tensor) -> None:
+        """Absorb a per-channel affine map ``x * scale + shift`` applied to the input into
+        ``qkv``; padded tokens keep the value they had (see the class docstring)."""
+        qkv = self.w_msa.qkv
+        w = qkv.weight.to(scale.dtype)
+        b = qkv.bias.to(scale.dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
+        if self.padded_qkv is None:
+            self.padded_qkv = b.to(qkv.weight).clone()
+        new_bias = (b + w @ shift).to(qkv.weight)
+        qkv.weight.copy_(w * scale)
+        if qkv.bias is None:
+            qkv.bias = nn.Parameter(new_bias)
+        else:
+            qkv.bias.copy_(new_bias)

@@ -1,3 +1,8 @@
+from .bn_recalibration_hook import BNRecalibrationHook, recalibrate_bn, recalibrate_model_bn
+from .prepbn_schedule_hook import PRepBNScheduleHook, prepbn_lambda
 from .reparameterize_hook import ReparameterizeHook
 
-__all__ = ['ReparameterizeHook']
+__all__ = [
+    'BNRecalibrationHook', 'recalibrate_bn', 'recalibrate_model_bn', 'PRepBNScheduleHook',
+    'prepbn_lambda', 'ReparameterizeHook'
+]

@@ -1,0 +1,48 @@
+# Mask R-CNN 1x with a PRepBN-Swin-T backbone (SLAB): every norm inside the backbone moves from
+# LayerNorm to RepBN during fine-tuning and folds into its neighbour at test time.
+# Starts from the official Swin-T ImageNet weights: their LayerNorms fill the LN branches and the
+# RepBN branches (statistics included) are learned while lambda decays, so norm_eval=False.
+# Recipe of mmdet's configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py (AdamW, lr 1e-4, wd 0.05).
+# From a PRepBN ImageNet checkpoint (already pure RepBN) instead: point init_cfg at it, set
+# norm_eval=True and keep lambda at 0 with dict(type='PRepBNScheduleHook', decay_iters=0).
+_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
+custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
+
+pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth'  # noqa
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='PRepBNSwin',
+        arch='tiny',
+        idle_ratio=0.0,
+        drop_path_rate=0.2,
+        out_indices=(0, 1, 2, 3),
+        norm_eval=False,
+        with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    neck=dict(in_channels=[96, 192, 384, 768]))
+
+custom_hooks = [
+    # pure LayerNorm while the LR warms up (1000 iterations), then lambda decays linearly and
+    # reaches pure RepBN after 60 % of training, before the first LR step (epoch 8 of 12)
+    dict(type='PRepBNScheduleHook', warmup_iters=1000, decay_ratio=0.6),
+    # drop-path shifts the variance BatchNorm sees in training: re-estimate the statistics with
+    # the final weights (and drop-path off) before the last checkpoint and validation
+    dict(type='BNRecalibrationHook', num_batches=500),
+]
+
+max_epochs = 12
+train_cfg = dict(max_epochs=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
+         gamma=0.1)
+]
+optim_wrapper = dict(
+    type='OptimWrapper',
+    paramwise_cfg=dict(custom_keys={
+        'relative_position_bias_table': dict(decay_mult=0.),
+        'norm': dict(decay_mult=0.)
+    }),
+    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999),
+                   weight_decay=0.05))

@@ -1,0 +1,196 @@
+"""PRepBN-Swin and SLAB-Swin: Swin with progressive re-parameterized BatchNorm (SLAB, SPEC §2).
+
+Every norm inside the network is a :class:`~mmrepa.layers.PRepBN`; at test time each folds into
+its neighbour (``qkv``, ``fc1``, the patch-merging reduction, the patch-embedding conv), so the
+folded backbone has no norm left but the LayerNorms on its outputs.
+"""
+import re
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.logging import print_log
+from mmengine.registry import MODELS
+
+from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
+from ..fold import is_affine_norm
+from ..layers import PRepBN
+from .repa_swin import RePaSwin, checkpoint_filter_fn
+
+
+@MODELS.register_module()
+class PRepBNSwin(RePaSwin):
+    """Swin Transformer backbone whose norms are PRepBN, optionally with linear attention.
+
+    :class:`RePaSwin` with ``norm_cfg=dict(type='PRepBN')`` everywhere inside the network: the
+    block norms, the patch embedding and the patch merging (the output norms ``norm{i}`` stay
+    LayerNorm). While training, each PRepBN computes ``λ·LN(x) + (1 − λ)·RepBN(x)`` with λ set by
+    ``PRepBNScheduleHook``; in eval mode it is RepBN, and :meth:`reparameterize` folds it away:
+
+    - ``norm1`` into the attention's ``qkv`` (windows padded with the pre-fold ``qkv`` of a zero
+      token, so the fold is exact on inputs of any size);
+    - the FFN's norm into ``fc1`` (:class:`~mmrepa.layers.ChannelIdleFFN`); with
+      ``idle_ratio > 0`` the FFN is channel-idle and folds into three matrices;
+    - the patch-merging norm into ``reduction`` (which gains a bias) and the patch-embedding
+      norm into the conv (bias scaled too).
+
+    ``attn_types='LLSS'`` gives SLAB-Swin: simplified linear attention in stages 1–2 on windows
+    of ``linear_window_sizes`` (56 and 28: each stage's whole map at 224 px), Swin's window
+    attention in stages 3–4.
+
+    Args:
+        arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or
+            ``dict(embed_dims=..., depths=..., num_heads=...)``. Default: ``'tiny'``.
+        idle_ratio (float | Sequence[float]): Fraction of FFN hidden channels left linear, one
+            value or one per stage; 0 is Swin's FFN. Default: 0.
+        attn_types (str, optional): One letter per stage, ``'S'`` (softmax window attention) or
+            ``'L'`` (simplified linear attention). Default: all ``'S'``.
+        linear_window_sizes (int | Sequence[int]): Window side of the ``'L'`` stages.
+            Default: (56, 28, 14, 7).
+        prepbn_cfg (dict): The norm config; must be affine at inference (``PRepBN`` or
+            ``RepBN``). Default: ``dict(type='PRepBN')``.
+        in_channels, patch_size, window_size, mlp_ratio, qkv_bias, qk_scale, patch_norm,
+        drop_rate, attn_drop_rate, drop_path_rate, act_cfg, out_norm_cfg, out_indices,
+        frozen_stages, norm_eval, with_cp, deploy: As in :class:`RePaSwin`. ``norm_eval``
+            freezes the BatchNorm statistics inside the PRepBNs.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmrepa,
+            mmdet and original Swin checkpoints (LayerNorm weights go to the LN branch) and SLAB
+            checkpoints (``LinearNorm``: ``norm1.norm1.*``, ``norm1.norm2.bn.*``,
+            ``norm1.norm2.alpha``), see :func:`prepbn_checkpoint_filter_fn`.
+
+    Input (B, in_channels, H, W) of any size; outputs as :class:`RePaSwin`.
+    """
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'tiny',
+                 in_channels: int = 3,
+                 patch_size: int = 4,
+                 window_size: int = 7,
+                 mlp_ratio: float = 4.,
+                 idle_ratio: Union[float, Sequence[float]] = 0.,
+                 attn_types: Optional[str] = None,
+                 linear_window_sizes: Union[int, Sequence[int]] = (56, 28, 14, 7),
+                 qkv_bias: bool = True,
+                 qk_scale: Optional[float] = None,
+                 patch_norm: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
+                 act_cfg: dict = dict(type='GELU'),
+                 prepbn_cfg: dict = dict(type='PRepBN'),
+                 out_norm_cfg: dict = dict(type='LN'),
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 deploy: bool = False,
+                 init_cfg: Optional[dict] = None):
+        if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
+            raise ValueError(f'prepbn_cfg must build a norm that is affine at inference '
+                             f"(PRepBN, RepBN), got {prepbn_cfg}")
+        # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
+        super().__init__(
+            arch=arch, in_channels=in_channels, patch_size=patch_size, window_size=window_size,
+            mlp_ratio=mlp_ratio, idle_ratio=idle_ratio, ffn_norm='LN', attn_types=attn_types,
+            linear_window_sizes=linear_window_sizes, qkv_bias=qkv_bias, qk_scale=qk_scale,
+            patch_norm=patch_norm, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate, act_cfg=act_cfg, norm_cfg=prepbn_cfg,
+            out_norm_cfg=out_norm_cfg, out_indices=out_indices, frozen_stages=frozen_stages,
+            norm_eval=norm_eval, with_cp=with_cp, deploy=deploy, init_cfg=init_cfg)
+        # In eval mode a RepBN does not normalise until its statistics are learned; with
+        # PyTorch's default Linear init the residual stream then grows so large that the
+        # attention turns chaotic. Start from Swin's init (init_weights applies it again or
+        # loads a checkpoint).
+        self._swin_init()
+
+    def prepbn_layers(self) -> List[PRepBN]:
+        """Every PRepBN of the backbone (none once folded)."""
+        return [m for m in self.modules() if isinstance(m, PRepBN)]
+
+    def load_pretrained(self, filename: str):
+        """Load any supported checkpoint; see :func:`prepbn_checkpoint_filter_fn`.
+
+        A LayerNorm-only checkpoint (vanilla Swin) fills the LN branches and leaves the RepBN
+        branches fresh (logged): train from λ = 1 before using the model in eval mode. In a
+        checkpoint that has RepBN branches, every BatchNorm statistic must be present.
+        """
+        source = str(filename)
+        state_dict = prepbn_checkpoint_filter_fn(read_state_dict(filename), self)
+        may_be_missing = ['norm[0-9]*', '*.lam']
+        if not self.deploy and not any('.repbn.' in k for k in state_dict):
+            if self.norm_eval:
+                raise ValueError(
+                    f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
+                    'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
+                    'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
+                    'or load a PRepBN checkpoint.')
+            may_be_missing.append('*.repbn.*')
+            print_log(f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
+                      f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
+                      'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
+                      'evaluating: eval mode uses the RepBN branch only.',
+                      logger='current', level=30)
+        load_state_dict_checked(self, state_dict, may_be_missing=may_be_missing, source=source)
+
+
+# SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
+_LINEAR_NORM_KEY = re.compile(
+    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$')
+
+
+def _from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step."""
+    prefixes = {k[:-len('.norm2.alpha')] for k in state_dict if k.endswith('.norm2.alpha')}
+    out, steps = {}, {}
+    for k, v in state_dict.items():
+        m = _LINEAR_NORM_KEY.match(k)
+        if m is None or m['prefix'] not in prefixes:
+            out[k] = v
+            continue
+        prefix, rest = m['prefix'], m['rest']
+        if rest in ('iter', 'total_step'):
+            steps.setdefault(prefix, {})[rest] = float(v)
+            continue
+        rest = (rest.replace('norm1.', 'ln.', 1) if rest.startswith('norm1.') else
+                rest.replace('norm2.bn.', 'repbn.bn.', 1) if rest.startswith('norm2.bn.') else
+                'repbn.eta')
+        out[f'{prefix}.{rest}'] = v
+    for prefix, s in steps.items():
+        if s.get('total_step'):
+            lam = min(1.0, max(0.0, s.get('iter', 0.0) / s['total_step']))
+            out[f'{prefix}.lam'] = torch.tensor(lam)
+    return out
+
+
+def prepbn_checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
+                                model: PRepBNSwin) -> Dict[str, torch.Tensor]:
+    """Convert a Swin-family state dict to :class:`PRepBNSwin` names.
+
+    Understands everything :func:`~mmrepa.backbones.repa_swin.checkpoint_filter_fn` does
+    (mmrepa, mmdet, original Swin layouts), plus: SLAB ``LinearNorm`` norms
+    (``X.norm1.*`` = LayerNorm branch, ``X.norm2.bn.*`` and ``X.norm2.alpha`` = RepBN,
+    ``X.iter / X.total_step`` = λ); plain LayerNorm weights where the model has a PRepBN go to
+    its LN branch; SLA positional encodings of another window size are resized (bicubic).
+    """
+    state_dict = checkpoint_filter_fn(_from_linear_norm(strip_prefixes(state_dict)), model)
+    for name, module in model.named_modules():
+        if isinstance(module, PRepBN):
+            for leaf in ('weight', 'bias'):
+                if f'{name}.{leaf}' in state_dict:
+                    state_dict[f'{name}.ln.{leaf}'] = state_dict.pop(f'{name}.{leaf}')
+    own = model.state_dict()
+    for k, v in state_dict.items():
+        if k.endswith('positional_encoding') and k in own and v.shape != own[k].shape:
+            state_dict[k] = _resize_positional_encoding(v, own[k].shape)
+    return state_dict
+
+
+def _resize_positional_encoding(pe: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    (_, N1, C), (_, N2, C2) = pe.shape, shape
+    if C != C2:
+        return pe  # reported as a shape mismatch by the loader
+    S1, S2 = round(N1**0.5), round(N2**0.5)
+    grid = pe.reshape(1, S1, S1, C).permute(0, 3, 1, 2).float()
+    resized = F.interpolate(grid, size=(S2, S2), mode='bicubic', align_corners=False)
+    return resized.permute(0, 2, 3, 1).reshape(1, N2, C).to(pe.dtype).contiguous()

@@ -1,0 +1,100 @@
+"""RepBN and progressive RepBN (PRepBN) of SLAB (SPEC §2), on channels-last tokens (..., C)."""
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.registry import MODELS
+
+from ..fold import batchnorm_affine
+
+
+@MODELS.register_module()
+class RepBN(nn.Module):
+    """``RepBN(x) = BN(x) + eta * x``: BatchNorm with a learnable identity path.
+
+    The BatchNorm statistics are per channel over all tokens of the batch. In eval mode RepBN is
+    the per-channel affine map ``x * (s + eta) + t`` (``s, t`` = the BatchNorm's scale and
+    shift), which :meth:`eval_affine` returns so that folds can absorb it.
+
+    Args:
+        num_features (int): Channels C (the last dimension of the input).
+        eps (float): BatchNorm epsilon. Default: 1e-5.
+        momentum (float): BatchNorm momentum. Default: 0.1.
+
+    Input and output: (..., C).
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(num_features, eps=eps, momentum=momentum)
+        self.eta = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(x.reshape(-1, x.shape[-1])).view(x.shape)
+        return y + self.eta * x
+
+    def eval_affine(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, shift)`` with ``self(x) == x * scale + shift`` in eval mode."""
+        scale, shift = batchnorm_affine(self.bn, dtype)
+        return scale + self.eta.to(dtype), shift
+
+
+@MODELS.register_module()
+class PRepBN(nn.Module):
+    """Progressive RepBN: ``lam * LN(x) + (1 - lam) * RepBN(x)`` while training.
+
+    ``lam`` (λ) is a buffer, so it is saved in the state dict and restored on resume; it is set
+    from outside with :meth:`set_lambda` (``PRepBNScheduleHook`` does it from the runner's
+    iteration), never by the forward pass, so gradient checkpointing, gradient accumulation and
+    extra forward calls do not move it. Once λ = 0 the LayerNorm branch is not computed. The
+    RepBN branch runs at every λ, so its running statistics track the features from the start.
+
+    In eval mode the layer is pure RepBN whatever λ is: an affine map that folds into the
+    neighbouring Linear or conv (:meth:`eval_affine`).
+
+    Args:
+        num_features (int): Channels C (the last dimension of the input).
+        eps (float): Epsilon of both the LayerNorm and the BatchNorm. Default: 1e-5.
+        momentum (float): BatchNorm momentum. Default: 0.1.
+        lam (float): Initial λ in [0, 1]. Default: 1 (pure LayerNorm).
+
+    Input and output: (..., C).
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 lam: float = 1.0):
+        super().__init__()
+        self.ln = nn.LayerNorm(num_features, eps=eps)
+        self.repbn = RepBN(num_features, eps=eps, momentum=momentum)
+        self.register_buffer('lam', torch.tensor(1.0))
+        self._lam = 1.0  # host copy: the forward pass branches on it without a device sync
+        self.set_lambda(lam)
+
+    @property
+    def current_lambda(self) -> float:
+        return self._lam
+
+    def set_lambda(self, value: float) -> None:
+        value = float(value)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f'PRepBN lambda must be in [0, 1], got {value}')
+        self._lam = value
+        with torch.no_grad():
+            self.lam.fill_(value)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._lam = float(self.lam)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lam = self._lam
+        if not self.training or lam == 0.0:
+            return self.repbn(x)
+        return lam * self.ln(x) + (1.0 - lam) * self.repbn(x)
+
+    def eval_affine(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, shift)`` of the eval-mode layer (pure RepBN, λ plays no part)."""
+        return self.repbn.eval_affine(dtype)
+
+    def extra_repr(self) -> str:
+        return f'{self.ln.normalized_shape[0]}, lam={self._lam:g}'
