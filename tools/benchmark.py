@@ -41,6 +41,9 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=2, help='untimed rounds first')
     parser.add_argument('--backbone-only', action='store_true', help='skip the test_step scope')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--keep-denormals', action='store_true',
+                        help='do not flush denormal floats to zero on the CPU (random weights '
+                        'produce them, and they slow every GEMM several times)')
     parser.add_argument('--out', help='write the results as JSON here')
     parser.add_argument('--plot', help='draw a before/after bar chart here (PNG)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
@@ -82,6 +85,7 @@ def measure(name, variants, images, args, device):
 
 def run(args):
     device = torch.device(args.device)
+    flush = device.type == 'cpu' and not args.keep_denormals and torch.set_flush_denormal(True)
     model = init_model(args.config, args.checkpoint, device, args.cfg_options)
     cfg = model.cfg
     shape = tuple(args.shape or ((512, 512) if cfg.default_scope == 'mmseg' else (800, 1333)))
@@ -89,7 +93,8 @@ def run(args):
     result = dict(config=args.config, checkpoint=args.checkpoint, device=str(device),
                   device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda'
                                else platform.processor() or platform.machine()),
-                  threads=torch.get_num_threads(), dtype=str(next(model.parameters()).dtype),
+                  threads=torch.get_num_threads(), flush_denormal=bool(flush),
+                  dtype=str(next(model.parameters()).dtype),
                   shape=list(shape), batch=args.batch, repeat=args.repeat, warmup=args.warmup,
                   torch=torch.__version__, scopes={})
 

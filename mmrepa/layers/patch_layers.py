@@ -6,6 +6,7 @@ already skips. With a LayerNorm nothing folds and :meth:`reparameterize` changes
 """
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 
 from ..fold import fold_dtype, is_affine_norm, norm_affine
@@ -82,8 +83,28 @@ class FoldablePatchMerging(PatchMerging):
     def __init__(self, deploy: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.deploy = False
+        s = self.sampler
+        # Swin's 2x2, stride-2 merging with corner padding gathers with one reshape instead of
+        # a permute to NCHW, im2col, and a copy before the norm.
+        self._is_2x2 = (s.kernel_size == (2, 2) and s.stride == (2, 2) and s.dilation == (1, 1)
+                        and s.padding == (0, 0) and self.adaptive_padding is not None
+                        and self.adaptive_padding.padding == 'corner')
         if deploy:
             self._drop_foldable_norm()
+
+    def forward(self, x: torch.Tensor, input_size):
+        if not self._is_2x2:
+            return super().forward(x, input_size)
+        B, L, C = x.shape
+        H, W = input_size
+        x = x.view(B, H, W, C)
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # 'corner': bottom and right
+        H2, W2 = (H + 1) // 2, (W + 1) // 2
+        # channel-major, then the (row, col) offsets in raster order: nn.Unfold's order
+        x = x.view(B, H2, 2, W2, 2, C).permute(0, 1, 3, 5, 2, 4).reshape(B, H2 * W2, 4 * C)
+        x = self.norm(x) if self.norm is not None else x
+        return self.reduction(x), (H2, W2)
 
     def _drop_foldable_norm(self) -> None:
         if self.norm is not None and is_affine_norm(self.norm):
