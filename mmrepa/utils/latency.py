@@ -42,7 +42,6 @@ def time_call(fn: Callable[[], object], device=None) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-@torch.no_grad()
 def time_interleaved(variants: Dict[str, Callable[[], object]],
                      repeat: int = 10,
                      warmup: int = 2,
@@ -59,6 +58,8 @@ def time_interleaved(variants: Dict[str, Callable[[], object]],
         progress: Called as ``progress(done, total)`` after every round.
     Returns:
         Name -> :class:`LatencyStats` in milliseconds per call.
+
+    Gradients are as the caller has them: wrap in ``torch.no_grad()`` to time inference.
     """
     if repeat < 1:
         raise ValueError(f'repeat must be >= 1, got {repeat}')

@@ -101,6 +101,7 @@ class ReparameterizeHook(Hook):
         runner.logger.info(f'ReparameterizeHook: folded backbone verified on a test batch, '
                            f'max relative error {err:.2e}')
 
+    @torch.no_grad()
     def _measure(self, runner, model, folded, batches) -> None:
         device = next(model.parameters()).device
 
