@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmrepa import reparameterize
-from mmrepa.layers import ChannelIdleFFN, num_active_channels
+from mmrepa.layers import ChannelIdleFFN, StarReLU, activate_first_, num_active_channels
 
 from .conftest import max_abs_diff, randomize_
 
@@ -62,6 +62,36 @@ def test_activation_sees_only_the_active_slice():
     reparameterize(ffn)
     ffn(torch.randn(2, 7, 16))
     assert widths == [16, 16]  # ceil(64 * 0.25), before and after folding
+
+
+@pytest.mark.parametrize('act', [torch.nn.GELU(), StarReLU(scale_value=0.8, bias_value=-0.3)])
+@pytest.mark.parametrize('active', [0, 3, 8])
+@pytest.mark.parametrize('fresh', [lambda x: x * 1.0, lambda x: (x * 1.0).transpose(0, 1)],
+                         ids=['tensor', 'view'])
+def test_in_place_partial_activation_matches_slice_and_cat(act, active, fresh):
+    act = act.double()
+    h = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 5, 8, dtype=torch.float64)
+
+    def grads(fn):
+        for p in act.parameters():
+            p.grad = None
+        h.grad = None
+        fn(fresh(h)).backward(fresh(grad))  # fresh, as a linear layer's output is
+        return [h.grad] + [p.grad for p in act.parameters()]
+
+    ref = grads(lambda x: torch.cat([act(x[..., :active]), x[..., active:]], -1))
+    out = grads(lambda x: activate_first_(act, x, active))
+    assert torch.equal(activate_first_(act, h.detach().clone(), active),
+                       torch.cat([act(h[..., :active]), h[..., active:]], -1).detach())
+    for r, o in zip(ref, out):
+        if o is None:  # no active channel: the activation is not called
+            assert active == 0 and not r.any()
+        else:
+            assert max_abs_diff(r, o) < 1e-12
+    if active:
+        torch.autograd.gradcheck(lambda x, *p: activate_first_(act, fresh(x), active),
+                                 (h, *act.parameters()))
 
 
 @pytest.mark.parametrize('C', [96, 128])

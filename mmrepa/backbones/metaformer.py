@@ -22,7 +22,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
 from ..fold import fold_submodules
-from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first,
+from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, num_active_channels)
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).
@@ -118,10 +118,11 @@ class MetaFormerMlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dims, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = activate_first(self.act, self.fc1(x), self.active)
+        tokens = x.reshape(-1, x.shape[-1])  # 2-D, so fc1's output is not a view
+        h = activate_first_(self.act, self.fc1(tokens), self.active)
         if self.norm is not None:
-            h = channels_last_norm(self.norm, h)
-        return self.fc2(h)
+            h = self.norm(h)
+        return self.fc2(h).view(x.shape)
 
 
 class MetaFormerBlock(BaseModule):

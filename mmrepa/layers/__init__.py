@@ -1,5 +1,5 @@
 from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
-from .channel_idle_ffn import (ChannelIdleFFN, activate_first, channels_last_norm,
+from .channel_idle_ffn import (ChannelIdleFFN, activate_first_, channels_last_norm,
                                num_active_channels)
 from .linear_attention import SimplifiedLinearAttention
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
@@ -11,7 +11,7 @@ from .window_attention import (ShiftWindowMSA, WindowMSA, shifted_window_mask, w
 from .windowed_self_attention import WindowedSelfAttention
 
 __all__ = [
-    'ChannelIdleFFN', 'activate_first', 'channels_last_norm', 'num_active_channels',
+    'ChannelIdleFFN', 'activate_first_', 'channels_last_norm', 'num_active_channels',
     'ShiftWindowMSA', 'WindowMSA', 'shifted_window_mask', 'window_partition', 'window_reverse',
     'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
     'ResScale', 'SepConv', 'WindowedSelfAttention', 'SimplifiedLinearAttention',
