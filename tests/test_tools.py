@@ -85,7 +85,7 @@ def test_benchmark_writes_well_formed_json(trained, tmp_path):
     out, png = str(tmp_path / 'bench.json'), str(tmp_path / 'bench.png')
     log = run_tool('tools/benchmark.py', DEMO, '--checkpoint', ckpt, '--shape', '64', '96',
                    '--repeat', '2', '--warmup', '1', '--device', 'cpu', '--out', out,
-                   '--plot', png)
+                   '--plot', png, '--onnx')
     assert 'speed-up' in log
     result = json.load(open(out))
     assert result['shape'] == [64, 96] and result['device'] == 'cpu'
@@ -97,7 +97,24 @@ def test_benchmark_writes_well_formed_json(trained, tmp_path):
         assert scope['params_after'] < scope['params_before']
         assert scope['gmacs_after'] < scope['gmacs_before']
         assert scope['gmacs_ratio'] == pytest.approx(scope['gmacs_before'] / scope['gmacs_after'])
+    onnx = result['scopes']['backbone']['onnx']  # the folded backbone in onnxruntime
+    assert 0 < onnx['min_ms'] <= onnx['median_ms'] <= onnx['max_ms']
+    assert 'onnx' not in result['scopes']['test_step']
     assert osp.getsize(png) > 0
+
+
+def test_export_onnx_backbone_and_single_stage_detector(trained, tmp_path):
+    root, options, ckpt = trained
+    for flags, what in (([], 'backbone'), (['--full'], 'model')):
+        out = str(tmp_path / f'{what}.onnx')
+        log = run_tool('tools/export_onnx.py', DEMO, ckpt, '--shape', '61', '93', '--out', out,
+                       *flags)
+        err = float(log.split('max abs difference')[-1].split()[0])
+        assert err < 1e-4 and osp.getsize(out) > 0, log
+    mask_rcnn = osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py')
+    log = run_tool('tools/export_onnx.py', mask_rcnn, '--shape', '64', '64', '--full',
+                   '--out', str(tmp_path / 'm.onnx'), ok=False)
+    assert 'drop --full' in log and 'MaskRCNN' in log
 
 
 def test_get_flops(trained):

@@ -1,13 +1,15 @@
 """Measure what folding buys: the unfolded and the folded model, interleaved, in one run.
 
     python tools/benchmark.py CONFIG [--checkpoint CKPT] [--shape H W] [--batch N]
-        [--repeat R] [--warmup W] [--backbone-only] [--out result.json] [--plot result.png]
+        [--repeat R] [--warmup W] [--backbone-only] [--onnx] [--out result.json]
+        [--plot result.png]
 
 Two scopes: ``backbone`` (the backbone on a fixed random tensor of --batch x 3 x H x W) and
 ``test_step`` (data preprocessor, forward and post-processing of the whole detector or segmentor
 on the output of the config's own test pipeline, batch 1 — the latency mmdet reports). Reports
 median / min / max ms per image, images/s, parameters and GMACs (mmengine's analysis) before and
-after folding, and the speed-up next to the GMACs ratio.
+after folding, and the speed-up next to the GMACs ratio. ``--onnx`` also times the folded
+backbone exported to ONNX and run by onnxruntime (CPU), in the same interleaved rounds.
 """
 import argparse
 import copy
@@ -27,6 +29,7 @@ from mmengine.dataset import Compose, pseudo_collate
 import mmrepa
 from mmrepa.apis import init_model
 from mmrepa.utils import complexity, time_interleaved
+from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 
 
 def parse_args(argv=None):
@@ -40,6 +43,8 @@ def parse_args(argv=None):
     parser.add_argument('--repeat', type=int, default=10, help='timed rounds per scope')
     parser.add_argument('--warmup', type=int, default=2, help='untimed rounds first')
     parser.add_argument('--backbone-only', action='store_true', help='skip the test_step scope')
+    parser.add_argument('--onnx', action='store_true',
+                        help='also time the folded backbone in onnxruntime (CPU)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--keep-denormals', action='store_true',
                         help='do not flush denormal floats to zero on the CPU (random weights '
@@ -83,8 +88,21 @@ def measure(name, variants, images, args, device):
     return summarize(stats, images)
 
 
+def onnx_variant(backbone, x, path):
+    """Export ``backbone`` for ``x``'s shape; a call running it in onnxruntime, on as many
+    threads as torch uses."""
+    print('  exporting the folded backbone to ONNX', flush=True)
+    export_onnx(backbone, x, path)
+    session = onnxruntime_session(path, threads=torch.get_num_threads())
+    err = onnx_max_abs_error(backbone, x, session)
+    print(f'  onnxruntime vs PyTorch: max abs difference {err:.2e}', flush=True)
+    return lambda: run_onnx(session, x)
+
+
 def run(args):
     device = torch.device(args.device)
+    if args.onnx and device.type != 'cpu':
+        raise SystemExit('--onnx times onnxruntime on the CPU: add --device cpu')
     flush = device.type == 'cpu' and not args.keep_denormals and torch.set_flush_denormal(True)
     model = init_model(args.config, args.checkpoint, device, args.cfg_options)
     cfg = model.cfg
@@ -100,8 +118,11 @@ def run(args):
 
     x = torch.randn(args.batch, 3, *shape, device=device)
     one = x[:1]
-    scope = measure('backbone', dict(before=lambda: model.backbone(x),
-                                     after=lambda: folded.backbone(x)), args.batch, args, device)
+    variants = dict(before=lambda: model.backbone(x), after=lambda: folded.backbone(x))
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.onnx:
+            variants['onnx'] = onnx_variant(folded.backbone, x, osp.join(tmp, 'backbone.onnx'))
+        scope = measure('backbone', variants, args.batch, args, device)
     before, after = complexity(model.backbone, (one, )), complexity(folded.backbone, (one, ))
     scope.update(params_before=before['params'], params_after=after['params'],
                  gmacs_before=before['macs'] / 1e9, gmacs_after=after['macs'] / 1e9)
@@ -133,11 +154,11 @@ def format_table(result):
              f"{'scope':<10}{'':<8}{'ms/img':>9}{'min':>9}{'max':>9}{'img/s':>8}"
              f"{'params M':>10}{'GMACs':>9}"]
     for name, s in result['scopes'].items():
-        for when in ('before', 'after'):
-            t = s[when]
+        for when in [w for w in ('before', 'after', 'onnx') if w in s]:
+            t, folded = s[when], 'before' if when == 'before' else 'after'
             lines.append(f"{name:<10}{when:<8}{t['median_ms']:>9.1f}{t['min_ms']:>9.1f}"
                          f"{t['max_ms']:>9.1f}{t['images_per_s']:>8.2f}"
-                         f"{s['params_' + when] / 1e6:>10.2f}{s['gmacs_' + when]:>9.1f}")
+                         f"{s['params_' + folded] / 1e6:>10.2f}{s['gmacs_' + folded]:>9.1f}")
         lines.append(f"{name:<10}speed-up {s['speedup']:.3f}x (latency "
                      f"{s['latency_change_percent']:+.1f} %), GMACs ratio {s['gmacs_ratio']:.3f}, "
                      f"speed-up / GMACs ratio {s['speedup_over_gmacs_ratio']:.3f}")
@@ -151,9 +172,14 @@ def plot(result, path):
     names = list(result['scopes'])
     fig, ax = plt.subplots(figsize=(2.5 + 2 * len(names), 3.5))
     xs = np.arange(len(names))
-    for offset, when in ((-0.2, 'before'), (0.2, 'after')):
-        values = [result['scopes'][n][when]['median_ms'] for n in names]
-        bars = ax.bar(xs + offset, values, width=0.4, label=f'{when} folding')
+    whens = [w for w in ('before', 'after', 'onnx') if w in result['scopes'][names[0]]]
+    width = 0.8 / len(whens)
+    for i, when in enumerate(whens):
+        at = [j for j, n in enumerate(names) if when in result['scopes'][n]]
+        values = [result['scopes'][names[j]][when]['median_ms'] for j in at]
+        label = 'folded, onnxruntime' if when == 'onnx' else f'{when} folding'
+        bars = ax.bar(xs[at] + (i - (len(whens) - 1) / 2) * width, values, width=width,
+                      label=label)
         ax.bar_label(bars, fmt='%.0f')
     ax.set_xticks(xs, names)
     ax.set_ylabel('ms / image (median)')

@@ -311,6 +311,8 @@ class RePaSwin(BaseModule):
             raise ValueError(f'input {tuple(x.shape[2:])} is smaller than the patch size '
                              f'{self.patch_size}')
         x, hw_shape = self.patch_embed(x)
+        # Plain ints, also under tracing (ONNX export): window layouts and masks are per size.
+        hw_shape = (int(hw_shape[0]), int(hw_shape[1]))
         x = self.drop_after_pos(x)
         outs = []
         for i, stage in enumerate(self.stages):

@@ -65,14 +65,12 @@ def shifted_window_mask(H: int, W: int, window_size: int, shift_size: int,
                         device: torch.device) -> torch.Tensor:
     """Additive mask (nW, N, N) that keeps a shifted window from mixing regions that are not
     neighbours in the image: 0 within a region, -100 across (as in Swin)."""
-    img = torch.zeros((1, H, W, 1), device=device)
-    cuts = (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None))
-    region = 0
-    for h in cuts:
-        for w in cuts:
-            img[:, h, w, :] = region
-            region += 1
-    ids = window_partition(img, window_size).squeeze(-1)  # nW, N
+    def bands(n):  # 0 before the last window, 1 in it before the shift, 2 in the shift
+        i = torch.arange(n, device=device)
+        return (i >= n - window_size).long() + (i >= n - shift_size).long()
+
+    region = (bands(H)[:, None] * 3 + bands(W)[None, :]).float()
+    ids = window_partition(region.view(1, H, W, 1), window_size).squeeze(-1)  # nW, N
     diff = ids.unsqueeze(1) - ids.unsqueeze(2)
     return torch.zeros_like(diff).masked_fill_(diff != 0, -100.0)
 
@@ -230,13 +228,21 @@ class ShiftWindowMSA(BaseModule):
             windows = x.index_select(1, layout.gather).view(-1, ws * ws, C)
         qkv = self.w_msa.qkv(windows)  # B*nW, N, 3C
         if self.padded_qkv is not None and not plain and len(layout.padded):
-            qkv.view(B, -1, 3 * C)[:, layout.padded] = self.padded_qkv.to(qkv.dtype)
+            qkv = self._write_padded_qkv(qkv.view(B, -1, 3 * C), layout.padded).view(qkv.shape)
         x = self.w_msa.proj_drop(self.w_msa.proj(self.w_msa.attend(qkv, mask)))
         if plain:
             x = window_reverse(x, ws, H, W).reshape(B, L, C)
         else:
             x = x.view(B, -1, C).index_select(1, layout.scatter)
         return self.drop(x)
+
+    def _write_padded_qkv(self, qkv: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+        """``qkv`` (B, nW * N, 3C) with ``padded_qkv`` at the padded window positions."""
+        value = self.padded_qkv.to(qkv.dtype)
+        if torch.jit.is_tracing():  # the ONNX exporter drops in-place writes through views
+            return qkv.index_copy(1, padded, value.expand(qkv.shape[0], len(padded), -1))
+        qkv[:, padded] = value
+        return qkv
 
     def _layout(self, hw_shape: Tuple[int, int], device) -> WindowLayout:
         key = (tuple(hw_shape), device)
