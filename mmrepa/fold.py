@@ -105,3 +105,25 @@ def is_affine_norm(norm: nn.Module) -> bool:
     """Whether :func:`norm_affine` can fold ``norm`` (decided from its type, not its values)."""
     return isinstance(norm, _BatchNorm) or hasattr(norm, 'eval_affine')
 
+
+
+def check_fold_state(state_dict: dict, prefix: str, deploy: bool, folded_key: str,
+                     unfolded_key: str) -> None:
+    """Refuse to load the other form of a foldable module's weights.
+
+    Called from ``_load_from_state_dict``, so every load path (``load_state_dict``, mmengine's
+    ``load_checkpoint`` for ``load_from``, resume and ``tools/test.py``) stops here instead of
+    leaving the module at its initial weights under a "missing keys" warning.
+    """
+    has_folded = prefix + folded_key in state_dict
+    has_unfolded = prefix + unfolded_key in state_dict
+    if deploy and has_unfolded and not has_folded:
+        raise ValueError(
+            f'{prefix[:-1]}: the checkpoint holds unfolded weights ({prefix}{unfolded_key}) but '
+            f'the model was built folded (deploy=True). Build it with deploy=False and fold after '
+            f'loading, or fold the checkpoint first with tools/reparameterize.py.')
+    if not deploy and has_folded and not has_unfolded:
+        raise ValueError(
+            f'{prefix[:-1]}: the checkpoint holds folded weights ({prefix}{folded_key}), written '
+            f'by reparameterize, but the model was built unfolded. Build it with deploy=True '
+            f'(for a config: --cfg-options model.backbone.deploy=True).')

@@ -1,4 +1,5 @@
 """Pretrained loading, checked against independent implementations (mmdet, timm)."""
+import copy
 import logging
 import re
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from mmengine.logging import MMLogger
 
 from mmrepa import reparameterize
-from mmrepa.backbones import RePaSwin
+from mmrepa.backbones import CAFormer, RePaSwin
 from mmrepa.backbones.repa_swin import _unfold_order, checkpoint_filter_fn
 from mmrepa.checkpoint import load_state_dict_checked
 
@@ -166,3 +167,31 @@ def test_relative_position_tables_of_another_window_are_resized(tmp_path):
     key = 'stages.0.blocks.0.attn.w_msa.relative_position_bias_table'
     assert converted[key].shape == model.state_dict()[key].shape == (169, 1)
     load_state_dict_checked(model, converted)
+
+
+@pytest.mark.parametrize('build', [
+    lambda deploy: RePaSwin(arch=TINY_ARCH, deploy=deploy),
+    lambda deploy: CAFormer(arch=dict(depths=(1, 1, 1, 1), dims=(16, 32, 48, 64)), head_dim=16,
+                            idle_ratio=0.5, deploy=deploy),
+], ids=['repa_swin', 'repa_caformer'])
+def test_runner_load_path_refuses_the_other_form(build, tmp_path):
+    """``load_from``, resume and tools/test.py load with mmengine's non-strict
+    ``load_checkpoint``: a folded/unfolded mismatch must stop it, not leave initial weights."""
+    from mmengine.runner import load_checkpoint
+    unfolded = randomize_(build(False)).eval()
+    folded = reparameterize(copy.deepcopy(unfolded))
+    for name, model in (('unfolded', unfolded), ('folded', folded)):
+        torch.save(dict(state_dict={f'backbone.{k}': v for k, v in model.state_dict().items()}),
+                   str(tmp_path / f'{name}.pth'))
+    detector = torch.nn.Module()
+    detector.backbone = build(False)
+    with pytest.raises(ValueError, match='deploy=True'):
+        load_checkpoint(detector, str(tmp_path / 'folded.pth'))
+    detector.backbone = build(True)
+    with pytest.raises(ValueError, match='deploy=False'):
+        load_checkpoint(detector, str(tmp_path / 'unfolded.pth'))
+    load_checkpoint(detector, str(tmp_path / 'folded.pth'))  # the matching form loads
+    x = torch.randn(1, 3, 45, 61)
+    with torch.no_grad():
+        for a, b in zip(detector.backbone.eval()(x), unfolded(x)):
+            assert (a - b).abs().max() < 1e-4

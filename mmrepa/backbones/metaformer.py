@@ -21,7 +21,7 @@ from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
-from ..fold import fold_submodules
+from ..fold import check_fold_state, fold_submodules
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, num_active_channels)
 
@@ -153,6 +153,10 @@ class MetaFormerBlock(BaseModule):
         self.mlp = MetaFormerMlp(dims, hidden, num_active_channels(hidden, idle_ratio),
                                  self.ffn_cfg['act_cfg'], self.ffn_cfg['hidden_norm_cfg'])
         self.res_scale2 = ResScale(dims) if res_scale else None
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        check_fold_state(state_dict, prefix, self.deploy, 'ffn.in_proj.weight', 'mlp.fc1.weight')
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def _residual(res_scale: Optional[ResScale], x: torch.Tensor, y: torch.Tensor):

@@ -11,7 +11,7 @@ from mmengine.registry import MODELS
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..fold import fold_dtype, is_affine_norm, norm_affine
+from ..fold import check_fold_state, fold_dtype, is_affine_norm, norm_affine
 from .activations import bare_activation, output_affine
 
 
@@ -198,6 +198,10 @@ class ChannelIdleFFN(BaseModule):
         if self.layer_scale is not None:
             z = z * self.layer_scale
         return self._add_shortcut(self.drop_path(z.view(x.shape)), x)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        check_fold_state(state_dict, prefix, self.deploy, 'in_proj.weight', 'fc1.weight')
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _add_shortcut(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return z + x if self.res_scale is None else torch.addcmul(z, x, self.res_scale)
