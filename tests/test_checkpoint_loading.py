@@ -195,3 +195,15 @@ def test_runner_load_path_refuses_the_other_form(build, tmp_path):
     with torch.no_grad():
         for a, b in zip(detector.backbone.eval()(x), unfolded(x)):
             assert (a - b).abs().max() < 1e-4
+
+
+def test_runner_load_path_names_the_first_mismatched_key(tmp_path):
+    from mmengine.runner import load_checkpoint
+    other = RePaSwin(arch=dict(TINY_ARCH, embed_dims=24))
+    torch.save(dict(state_dict={f'backbone.{k}': v for k, v in other.state_dict().items()}),
+               str(tmp_path / 'other.pth'))
+    detector = torch.nn.Module()
+    detector.backbone = RePaSwin(arch=TINY_ARCH)
+    with pytest.raises(ValueError, match=r'backbone\.patch_embed\.projection\.weight has shape '
+                       r'\(24, 3, 4, 4\) in the checkpoint but \(16, 3, 4, 4\)'):
+        load_checkpoint(detector, str(tmp_path / 'other.pth'))

@@ -143,8 +143,18 @@ def test_verify_catches_a_wrong_fold(trained, tmp_path, monkeypatch):
         run_test(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
 
 
-def _train(data_root, work_dir, max_epochs, resume_from=None):
+PREPBN_BACKBONE = dict(
+    type='PRepBNSwin', arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
+    window_size=4, out_indices=(1, 2, 3), idle_ratio=0.5, drop_path_rate=0., init_cfg=None)
+
+
+def _train(data_root, work_dir, max_epochs, resume_from=None, prepbn=False):
     cfg = demo_cfg(data_root, work_dir, train_cfg=dict(max_epochs=max_epochs, val_interval=100))
+    if prepbn:  # lambda decays from iteration 2 over 20: mid-decay when compared. No drop path:
+        # mmengine reseeds rather than restoring the RNG on resume
+        cfg.model.backbone = PREPBN_BACKBONE
+        cfg.model.neck.in_channels = [32, 64, 128]
+        cfg.custom_hooks = [dict(type='PRepBNScheduleHook', warmup_iters=2, decay_iters=20)]
     cfg.train_dataloader.batch_size = 2
     cfg.train_dataloader.dataset.pipeline[3].prob = 0.0  # no random flips: runs must agree
     cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0,
@@ -156,15 +166,20 @@ def _train(data_root, work_dir, max_epochs, resume_from=None):
     return runner
 
 
-def test_resume_is_exact(trained, tmp_path):
+@pytest.mark.parametrize('prepbn', [False, True], ids=['repa_swin', 'prepbn_swin'])
+def test_resume_is_exact(trained, tmp_path, prepbn):
     data_root, _ = trained
-    straight = _train(data_root, str(tmp_path / 'straight'), 4)
-    _train(data_root, str(tmp_path / 'first'), 2)
+    straight = _train(data_root, str(tmp_path / 'straight'), 4, prepbn=prepbn)
+    _train(data_root, str(tmp_path / 'first'), 2, prepbn=prepbn)
     resumed = _train(data_root, str(tmp_path / 'second'), 4,
-                     resume_from=str(tmp_path / 'first' / 'epoch_2.pth'))
+                     resume_from=str(tmp_path / 'first' / 'epoch_2.pth'), prepbn=prepbn)
     assert resumed.iter == straight.iter == 16
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     assert any('running_var' in k for k in a)
+    if prepbn:  # lambda is state: compared below with everything else
+        lams = [v.item() for k, v in b.items() if k.endswith('.lam')]
+        # set before the last iteration (index 15)
+        assert lams and all(v == pytest.approx(1 - (15 - 2) / 20) for v in lams)
     for k in a:
         assert torch.equal(a[k], b[k]), k  # weights and BN statistics
     sa = straight.optim_wrapper.optimizer.state_dict()

@@ -20,7 +20,8 @@ from mmengine.model.weight_init import constant_init, trunc_normal_init
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
+from ..checkpoint.loading import (check_shapes, load_state_dict_checked, read_state_dict,
+                                  strip_prefixes)
 from ..fold import check_fold_state, fold_submodules
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, num_active_channels)
@@ -293,6 +294,11 @@ class MetaFormer(BaseModule):
                 out = getattr(self, f'norm{i}')(x)
                 outs.append(out.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # on every load path (load_from, resume, tools/test.py), not only init_cfg's
+        check_shapes(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reparameterize(self) -> None:
         """Fold every block (eval mode required); idempotent."""

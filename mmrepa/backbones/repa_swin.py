@@ -18,7 +18,8 @@ from mmengine.model.weight_init import constant_init, trunc_normal_init
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
+from ..checkpoint.loading import (check_shapes, load_state_dict_checked, read_state_dict,
+                                  strip_prefixes)
 from ..fold import fold_dtype, fold_submodules, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       shifted_window_mask)
@@ -322,6 +323,11 @@ class RePaSwin(BaseModule):
                 outs.append(out.view(-1, *out_shape, self.num_features[i])
                             .permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # on every load path (load_from, resume, tools/test.py), not only init_cfg's
+        check_shapes(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reparameterize(self) -> None:
         """Fold every foldable part (eval mode required); idempotent."""

@@ -1,7 +1,7 @@
-from .loading import LoadReport, load_state_dict_checked, read_state_dict, strip_prefixes
+from .loading import LoadReport, check_shapes, load_state_dict_checked, read_state_dict, strip_prefixes
 from .safe_globals import allow_mmengine_checkpoints
 
 __all__ = [
-    'LoadReport', 'load_state_dict_checked', 'read_state_dict', 'strip_prefixes',
+    'LoadReport', 'check_shapes', 'load_state_dict_checked', 'read_state_dict', 'strip_prefixes',
     'allow_mmengine_checkpoints'
 ]

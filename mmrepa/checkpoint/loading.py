@@ -48,6 +48,22 @@ def _shorten(keys: Iterable[str], limit: int = 12) -> str:
     return ', '.join(keys[:limit]) + more
 
 
+def check_shapes(module: nn.Module, state_dict: Dict[str, torch.Tensor], prefix: str = '',
+                 source: str = 'checkpoint') -> None:
+    """Raise on the first tensor of ``state_dict`` whose shape differs from ``module``'s.
+
+    ``prefix``: where ``module`` sits in ``state_dict`` (``'backbone.'`` in a detector's).
+    """
+    for key, param in module.state_dict().items():
+        value = state_dict.get(prefix + key)
+        if value is not None and tuple(value.shape) != tuple(param.shape):
+            raise ValueError(
+                f'{source} does not fit this model: {prefix}{key} has shape '
+                f'{tuple(value.shape)} in the checkpoint but {tuple(param.shape)} in the model. '
+                f'Is it a checkpoint of another arch (embed_dims, depths, idle_ratio, '
+                f'window_size)?')
+
+
 def load_state_dict_checked(module: nn.Module,
                             state_dict: Dict[str, torch.Tensor],
                             may_be_missing: Iterable[str] = (),
@@ -67,12 +83,7 @@ def load_state_dict_checked(module: nn.Module,
         KeyError: a key the model needs is missing (a core weight or a BN statistic).
     """
     own = module.state_dict()
-    for key, value in state_dict.items():
-        if key in own and tuple(value.shape) != tuple(own[key].shape):
-            raise ValueError(
-                f'{source} does not fit this model: {key} has shape {tuple(value.shape)} in the '
-                f'checkpoint but {tuple(own[key].shape)} in the model. Is it a checkpoint of '
-                f'another arch (embed_dims, depths, idle_ratio, window_size)?')
+    check_shapes(module, state_dict, source=source)
     patterns = list(may_be_missing) + ['*num_batches_tracked']
     missing = [k for k in own if k not in state_dict]
     core = [k for k in missing if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]
