@@ -24,8 +24,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(*cmd):
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()), OMP_NUM_THREADS='1')
+def run(*cmd, **env_vars):
+    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()), OMP_NUM_THREADS='1',
+               **env_vars)
     proc = subprocess.run(['bash', *cmd], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return proc.stdout + proc.stderr
@@ -55,13 +56,29 @@ test_evaluator = val_evaluator
     return root, str(config), work
 
 
-def test_two_process_training_keeps_the_ranks_identical(setup):
-    _, _, work = setup
+def assert_ranks_identical(work):
     r0 = torch.load(osp.join(work, 'rank0_params.pth'))
     r1 = torch.load(osp.join(work, 'rank1_params.pth'))
     assert r0.keys() == r1.keys() and len(r0) > 10
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
+
+
+def test_two_process_training_keeps_the_ranks_identical(setup):
+    assert_ranks_identical(setup[2])
+
+
+def test_slurm_scripts_train_two_tasks_on_cpu_nodes(setup, tmp_path):
+    """tools/slurm_train.sh through a stand-in srun/scontrol that start the tasks locally."""
+    _, config, _ = setup
+    work = str(tmp_path / 'slurm')
+    fake = osp.join(ROOT, 'tests', 'fake_slurm')
+    port = str(free_port())
+    run('tools/slurm_train.sh', 'cpu', 'mmrepa-test', config, work,
+        '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=100',
+        GPUS='2', GPUS_PER_NODE='0', MASTER_PORT=port,
+        PATH=fake + os.pathsep + os.environ['PATH'])
+    assert_ranks_identical(work)
 
 
 def test_two_process_folded_test_matches_single_process(setup):
