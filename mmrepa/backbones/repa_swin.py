@@ -146,15 +146,22 @@ class RePaSwinStage(BaseModule):
             for i in range(depth)
         ])
         self.downsample = downsample
+        self._mask_cache = None
+
+    def shifted_window_mask(self, hw_shape: Tuple[int, int], device) -> Optional[torch.Tensor]:
+        """The mask all shifted blocks share; kept for the next input of the same size."""
+        masked = [block.attn for block in self.blocks if block.attn.needs_mask]
+        if not masked:
+            return None
+        attn = masked[0]
+        key = (attn.padded_shape(hw_shape), attn.window_size, attn.shift_size, device)
+        if self._mask_cache is None or self._mask_cache[0] != key:
+            self._mask_cache = (key, shifted_window_mask(*key[0], *key[1:]))
+        return self._mask_cache[1]
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
         """Returns (next-stage input, its hw_shape, this stage's output, its hw_shape)."""
-        mask = None
-        masked = [block.attn for block in self.blocks if block.attn.needs_mask]
-        if masked:  # one shifted-window mask for all shifted blocks
-            attn = masked[0]
-            mask = shifted_window_mask(*attn.padded_shape(hw_shape), attn.window_size,
-                                       attn.shift_size, x.device)
+        mask = self.shifted_window_mask(hw_shape, x.device)
         for block in self.blocks:
             x = block(x, hw_shape, mask if block.attn.needs_mask else None)
         if self.downsample is None:

@@ -35,8 +35,8 @@ def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> t
 class WindowLayout(NamedTuple):
     """Where each token of an (H, W) map goes when it is padded, shifted and split in windows.
 
-    ``gather``: (nW * N,) source token of every window position, ``H * W`` for padding (a zero
-    token appended after the map). ``scatter``: (H * W,) window position of every real token.
+    ``gather``: (nW * N,) source token of every window position (0 for padding, which is
+    zeroed after the gather). ``scatter``: (H * W,) window position of every real token.
     ``padded``: the window positions that hold padding.
     """
     gather: torch.Tensor
@@ -58,7 +58,7 @@ def window_layout(H: int, W: int, window_size: int, shift_size: int,
     positions = torch.arange(gather.numel(), device=device)
     scatter = torch.empty(H * W, dtype=torch.long, device=device)
     scatter[gather[real]] = positions[real]
-    return WindowLayout(gather, scatter, positions[~real])
+    return WindowLayout(gather.masked_fill(~real, 0), scatter, positions[~real])
 
 
 def shifted_window_mask(H: int, W: int, window_size: int, shift_size: int,
@@ -223,9 +223,10 @@ class ShiftWindowMSA(BaseModule):
             windows = window_partition(x.view(B, H, W, C), ws)
         else:
             layout = self._layout(hw_shape, x.device)
-            if len(layout.padded):
-                x = F.pad(x, (0, 0, 0, 1))  # token H * W: the zero padding token
-            windows = x.index_select(1, layout.gather).view(-1, ws * ws, C)
+            windows = x.index_select(1, layout.gather)
+            if len(layout.padded):  # zero tokens, as mmdet pads; no padded copy of the map
+                windows[:, layout.padded] = 0
+            windows = windows.view(-1, ws * ws, C)
         qkv = self.w_msa.qkv(windows)  # B*nW, N, 3C
         if self.padded_qkv is not None and not plain and len(layout.padded):
             qkv = self._write_padded_qkv(qkv.view(B, -1, 3 * C), layout.padded).view(qkv.shape)
