@@ -16,15 +16,13 @@ import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule, ModuleList
-from mmengine.model.weight_init import constant_init, trunc_normal_init
 from mmengine.registry import MODELS
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint.loading import (check_shapes, load_state_dict_checked, read_state_dict,
-                                  strip_prefixes)
-from ..fold import check_fold_state, fold_submodules
+from ..checkpoint.loading import strip_prefixes
+from ..fold import check_fold_state
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, num_active_channels)
+from .base import DenseBackbone, trunc_normal_init_
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -208,7 +206,7 @@ class MetaFormerStage(BaseModule):
         return x
 
 
-class MetaFormer(BaseModule):
+class MetaFormer(DenseBackbone):
     """Shared body of :class:`ConvFormer` and :class:`CAFormer`; see their docstrings.
 
     ``token_mixers`` gives each stage's mixer: ``'conv'`` (:class:`SepConv`) or ``'attn'``
@@ -235,18 +233,8 @@ class MetaFormer(BaseModule):
         super().__init__(init_cfg=init_cfg)
         arch = resolve_arch(arch)
         depths, self.num_features = arch['depths'], list(arch['dims'])
-        self.num_stages = NUM_STAGES
         self.in_channels = in_channels
-        self.out_indices = tuple(out_indices)
-        for i in self.out_indices:
-            if not 0 <= i < NUM_STAGES:
-                raise ValueError(f'out_indices {self.out_indices}: each index must be in '
-                                 f'[0, {NUM_STAGES - 1}]')
-        if not -1 <= frozen_stages <= NUM_STAGES:
-            raise ValueError(f'frozen_stages must be in [-1, {NUM_STAGES}], got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.deploy = deploy
+        self._check_options(NUM_STAGES, out_indices, frozen_stages, norm_eval, deploy)
         self.idle_ratios = _per_stage(idle_ratio, 'idle_ratio')
         for r in self.idle_ratios:
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
@@ -273,19 +261,12 @@ class MetaFormer(BaseModule):
                     with_cp=with_cp, deploy=deploy))
             downsample = Downsampling(self.num_features[i - 1], dims) if i > 0 else None
             self.stages.append(MetaFormerStage(blocks, downsample))
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', build_norm_layer(out_norm_cfg, self.num_features[i])[1])
-        self._freeze_stages()
+        self._setup_outputs(out_norm_cfg)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W) -> per index in ``out_indices``: (B, C_i, H_i, W_i), with
         ``H_0 = floor((H - 3) / 4) + 1`` (the stem) and ``H_i = ceil(H_{i-1} / 2)``."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
-                             f'got {tuple(x.shape)}')
-        if min(x.shape[2:]) < 3:
-            raise ValueError(f'input {tuple(x.shape[2:])} is too small: the stem (kernel 7, '
-                             'padding 2) needs at least 3 x 3 pixels')
+        self._check_input(x, 3, 'the stem (kernel 7, padding 2) needs at least 3 x 3 pixels')
         x = self.stem(x)
         outs = []
         for i, stage in enumerate(self.stages):
@@ -295,57 +276,14 @@ class MetaFormer(BaseModule):
                 outs.append(out.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # on every load path (load_from, resume, tools/test.py), not only init_cfg's
-        check_shapes(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _default_init(self):
+        """timm's initialisation."""
+        trunc_normal_init_(self, (nn.Linear, nn.Conv2d))
 
-    def reparameterize(self) -> None:
-        """Fold every block (eval mode required); idempotent."""
-        fold_submodules(self)
-        self.deploy = True
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
-
-    def _freeze_stages(self):
-        if self.frozen_stages >= 0:
-            self.stem.eval()
-            for p in self.stem.parameters():
-                p.requires_grad = False
-        for i in range(self.frozen_stages):
-            modules = [self.stages[i]]
-            if i in self.out_indices:
-                modules.append(getattr(self, f'norm{i}'))
-            for m in modules:
-                m.eval()
-                for p in m.parameters():
-                    p.requires_grad = False
-
-    def init_weights(self):
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            self.load_pretrained(self.init_cfg['checkpoint'])
-            self._is_init = True
-            return
-        super().init_weights()
-        if self.init_cfg is None:  # timm's initialisation
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Conv2d)):
-                    trunc_normal_init(m, std=.02, bias=0.)
-                elif isinstance(m, _BatchNorm):
-                    constant_init(m, 1.0, bias=0.)
-
-    def load_pretrained(self, filename: str):
-        """Load a timm, original-release or mmrepa checkpoint; see :func:`checkpoint_filter_fn`."""
-        state_dict = checkpoint_filter_fn(read_state_dict(filename), self)
-        load_state_dict_checked(self, state_dict, may_be_missing=['norm[0-9]*'],
-                                source=str(filename))
+    def filter_checkpoint(self, state_dict):
+        """A timm, original-release or mmrepa state dict in our names; see
+        :func:`checkpoint_filter_fn`."""
+        return checkpoint_filter_fn(state_dict, self)
 
 
 def _window_sizes(window_size, token_mixers) -> list:

@@ -13,7 +13,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
-from ..checkpoint.loading import load_state_dict_checked, read_state_dict, strip_prefixes
+from ..checkpoint.loading import strip_prefixes
 from ..fold import is_affine_norm
 from ..layers import PRepBN
 from .repa_swin import RePaSwin, checkpoint_filter_fn
@@ -102,36 +102,34 @@ class PRepBNSwin(RePaSwin):
         # PyTorch's default Linear init the residual stream then grows so large that the
         # attention turns chaotic. Start from Swin's init (init_weights applies it again or
         # loads a checkpoint).
-        self._swin_init()
+        self._default_init()
 
     def prepbn_layers(self) -> List[PRepBN]:
         """Every PRepBN of the backbone (none once folded)."""
         return [m for m in self.modules() if isinstance(m, PRepBN)]
 
-    def load_pretrained(self, filename: str):
-        """Load any supported checkpoint; see :func:`prepbn_checkpoint_filter_fn`.
+    def filter_checkpoint(self, state_dict):
+        """Any Swin or SLAB layout in PRepBNSwin names; see :func:`prepbn_checkpoint_filter_fn`."""
+        return prepbn_checkpoint_filter_fn(state_dict, self)
 
-        A LayerNorm-only checkpoint (vanilla Swin) fills the LN branches and leaves the RepBN
-        branches fresh (logged): train from λ = 1 before using the model in eval mode. In a
-        checkpoint that has RepBN branches, every BatchNorm statistic must be present.
-        """
-        source = str(filename)
-        state_dict = prepbn_checkpoint_filter_fn(read_state_dict(filename), self)
-        may_be_missing = ['norm[0-9]*', '*.lam']
-        if not self.deploy and not any('.repbn.' in k for k in state_dict):
-            if self.norm_eval:
-                raise ValueError(
-                    f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
-                    'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
-                    'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
-                    'or load a PRepBN checkpoint.')
-            may_be_missing.append('*.repbn.*')
-            print_log(f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
-                      f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
-                      'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
-                      'evaluating: eval mode uses the RepBN branch only.',
-                      logger='current', level=30)
-        load_state_dict_checked(self, state_dict, may_be_missing=may_be_missing, source=source)
+    def optional_keys(self, state_dict, source):
+        """λ may be missing. A LayerNorm-only checkpoint (vanilla Swin) fills the LN branches
+        and leaves the RepBN branches fresh (logged): train from λ = 1 before using the model in
+        eval mode. A checkpoint that has RepBN branches must have every BatchNorm statistic."""
+        if self.deploy or any('.repbn.' in k for k in state_dict):
+            return ['*.lam']
+        if self.norm_eval:
+            raise ValueError(
+                f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
+                'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
+                'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
+                'or load a PRepBN checkpoint.')
+        print_log(f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
+                  f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
+                  'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
+                  'evaluating: eval mode uses the RepBN branch only.',
+                  logger='current', level=30)
+        return ['*.lam', '*.repbn.*']
 
 
 # SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.

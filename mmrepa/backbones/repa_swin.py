@@ -14,15 +14,14 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule, ModuleList
-from mmengine.model.weight_init import constant_init, trunc_normal_init
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint.loading import (check_shapes, load_state_dict_checked, read_state_dict,
-                                  strip_prefixes)
-from ..fold import fold_dtype, fold_submodules, is_affine_norm, norm_affine
+from ..checkpoint.loading import strip_prefixes
+from ..fold import fold_dtype, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       shifted_window_mask)
+from .base import DenseBackbone, trunc_normal_init_
 
 # embed_dims, depths, num_heads of the published Swin variants.
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -171,7 +170,7 @@ class RePaSwinStage(BaseModule):
 
 
 @MODELS.register_module()
-class RePaSwin(BaseModule):
+class RePaSwin(DenseBackbone):
     """Swin Transformer backbone with channel-idle, foldable FFNs (RePa-Swin).
 
     Outputs NCHW feature maps at strides 4, 8, 16, 32 for the stages in ``out_indices``, each
@@ -219,6 +218,8 @@ class RePaSwin(BaseModule):
             :func:`checkpoint_filter_fn`); otherwise truncated-normal initialisation.
     """
 
+    stem_name = 'patch_embed'
+
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
                  in_channels: int = 3,
@@ -248,23 +249,12 @@ class RePaSwin(BaseModule):
         arch = resolve_arch(arch)
         self.embed_dims = arch['embed_dims']
         depths, num_heads = arch['depths'], arch['num_heads']
-        self.num_stages = len(depths)
-        self.num_features = [self.embed_dims * 2**i for i in range(self.num_stages)]
+        self.num_features = [self.embed_dims * 2**i for i in range(len(depths))]
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
             raise ValueError(f'window_size must be an integer >= 1, got {window_size!r}')
         self.in_channels = in_channels
         self.patch_size = patch_size
-        self.out_indices = tuple(out_indices)
-        for i in self.out_indices:
-            if not 0 <= i < self.num_stages:
-                raise ValueError(f'out_indices {self.out_indices}: each index must be in '
-                                 f'[0, {self.num_stages - 1}]')
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}], '
-                             f'got {frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
-        self.deploy = deploy
+        self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)
         idle_ratios = per_stage(idle_ratio, self.num_stages, 'idle_ratio')
         for r in idle_ratios:
             if not 0.0 <= r <= 1.0:
@@ -306,18 +296,11 @@ class RePaSwin(BaseModule):
                 downsample=downsample, ffn_cfg=ffn_cfg, qkv_bias=qkv_bias, qk_scale=qk_scale,
                 drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, norm_cfg=norm_cfg,
                 attn_type=self.attn_types[i], with_cp=with_cp, deploy=deploy))
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', build_norm_layer(out_norm_cfg, self.num_features[i])[1])
-        self._freeze_stages()
+        self._setup_outputs(out_norm_cfg)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W) -> tuple of (B, C_i, ceil(H / 2^(i+2)), ...)."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
-                             f'got {tuple(x.shape)}')
-        if min(x.shape[2:]) < self.patch_size:
-            raise ValueError(f'input {tuple(x.shape[2:])} is smaller than the patch size '
-                             f'{self.patch_size}')
+        self._check_input(x, self.patch_size, f'smaller than the patch size {self.patch_size}')
         x, hw_shape = self.patch_embed(x)
         # Plain ints, also under tracing (ONNX export): window layouts and masks are per size.
         hw_shape = (int(hw_shape[0]), int(hw_shape[1]))
@@ -331,61 +314,13 @@ class RePaSwin(BaseModule):
                             .permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # on every load path (load_from, resume, tools/test.py), not only init_cfg's
-        check_shapes(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def reparameterize(self) -> None:
-        """Fold every foldable part (eval mode required); idempotent."""
-        fold_submodules(self)
-        self.deploy = True
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
-
-    def _freeze_stages(self):
-        if self.frozen_stages >= 0:
-            self.patch_embed.eval()
-            for p in self.patch_embed.parameters():
-                p.requires_grad = False
-        for i in range(self.frozen_stages):
-            modules = [self.stages[i]]
-            if i in self.out_indices:
-                modules.append(getattr(self, f'norm{i}'))
-            for m in modules:
-                m.eval()
-                for p in m.parameters():
-                    p.requires_grad = False
-
-    def init_weights(self):
-        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            self.load_pretrained(self.init_cfg['checkpoint'])
-            self._is_init = True
-            return
-        super().init_weights()
-        if self.init_cfg is None:
-            self._swin_init()
-
-    def _swin_init(self):
+    def _default_init(self):
         """Swin's initialisation: truncated-normal Linear weights, identity norms."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_init(m, std=.02, bias=0.)
-            elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-                constant_init(m, 1.0, bias=0.)
+        trunc_normal_init_(self, (nn.Linear, ))
 
-    def load_pretrained(self, filename: str):
-        """Load a Swin checkpoint of any supported layout; see :func:`checkpoint_filter_fn`."""
-        state_dict = checkpoint_filter_fn(read_state_dict(filename), self)
-        load_state_dict_checked(self, state_dict, may_be_missing=['norm[0-9]*'],
-                                source=str(filename))
+    def filter_checkpoint(self, state_dict):
+        """Any Swin layout in RePaSwin names; see :func:`checkpoint_filter_fn`."""
+        return checkpoint_filter_fn(state_dict, self)
 
 
 def _unfold_order(w: torch.Tensor) -> torch.Tensor:

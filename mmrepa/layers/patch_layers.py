@@ -12,15 +12,44 @@ from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from ..fold import fold_dtype, is_affine_norm, norm_affine
 
 
-def _set_bias(layer: nn.Module, bias: torch.Tensor) -> None:
-    bias = bias.to(layer.weight)
-    if layer.bias is None:
-        layer.bias = nn.Parameter(bias)
-    else:
+class _NormFolding:
+    """``reparameterize`` of a patch layer whose affine ``norm`` folds into the layer named
+    ``_target``; :meth:`_fold` says how (the norm comes after a conv, before a Linear)."""
+
+    _target: str
+
+    def _fold(self, weight, bias, scale, shift):
+        """Folded ``(weight, bias)`` in the fold dtype; ``bias`` may be None."""
+        raise NotImplementedError
+
+    def _drop_foldable_norm(self) -> None:
+        if self.norm is not None and is_affine_norm(self.norm):
+            self.norm = None
+            layer = getattr(self, self._target)
+            if layer.bias is None:  # the folded layer needs one
+                layer.bias = nn.Parameter(layer.weight.new_zeros(layer.weight.shape[0]))
+        self.deploy = True
+
+    @torch.no_grad()
+    def reparameterize(self) -> None:
+        """Fold an affine norm into the conv / Linear, in place; idempotent."""
+        if self.deploy:
+            return
+        if self.norm is None or not is_affine_norm(self.norm):
+            self.deploy = True  # a LayerNorm stays
+            return
+        layer = getattr(self, self._target)
+        dtype = fold_dtype(layer.weight)
+        scale, shift = norm_affine(self.norm, dtype)
+        weight, bias = self._fold(layer.weight.to(dtype),
+                                  None if layer.bias is None else layer.bias.to(dtype),
+                                  scale, shift)
+        self._drop_foldable_norm()  # gives the layer a bias if it had none
+        layer.weight.copy_(weight)
         layer.bias.copy_(bias)
 
 
-class FoldablePatchEmbed(PatchEmbed):
+class FoldablePatchEmbed(_NormFolding, PatchEmbed):
     """:class:`mmcv.cnn.bricks.transformer.PatchEmbed` whose norm folds into the conv.
 
     An affine norm after the conv (``y = conv(x) * s + t``) folds into the conv:
@@ -36,36 +65,20 @@ class FoldablePatchEmbed(PatchEmbed):
     Input (B, C_in, H, W); output ((B, H'*W', embed_dims), (H', W')).
     """
 
+    _target = 'projection'
+
     def __init__(self, deploy: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.deploy = False
         if deploy:
             self._drop_foldable_norm()
 
-    def _drop_foldable_norm(self) -> None:
-        if self.norm is not None and is_affine_norm(self.norm):
-            self.norm = None
-            if self.projection.bias is None:
-                _set_bias(self.projection, self.projection.weight.new_zeros(self.embed_dims))
-        self.deploy = True
-
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold an affine norm into the conv, in place; idempotent."""
-        if self.deploy:
-            return
-        if self.norm is not None and is_affine_norm(self.norm):
-            conv = self.projection
-            dtype = fold_dtype(conv.weight)
-            scale, shift = norm_affine(self.norm, dtype)
-            bias = (conv.bias.to(dtype) if conv.bias is not None else
-                    torch.zeros_like(scale))
-            conv.weight.copy_(conv.weight.to(dtype) * scale.view(-1, 1, 1, 1))
-            _set_bias(conv, bias * scale + shift)
-        self._drop_foldable_norm()
+    def _fold(self, weight, bias, scale, shift):
+        bias = torch.zeros_like(scale) if bias is None else bias
+        return weight * scale.view(-1, 1, 1, 1), bias * scale + shift
 
 
-class FoldablePatchMerging(PatchMerging):
+class FoldablePatchMerging(_NormFolding, PatchMerging):
     """:class:`mmcv.cnn.bricks.transformer.PatchMerging` whose norm folds into the reduction.
 
     An affine norm before the reduction Linear (``reduction(x * s + t)``) folds into it:
@@ -79,6 +92,8 @@ class FoldablePatchMerging(PatchMerging):
 
     Input (B, H*W, C_in) and (H, W); output ((B, H'*W', out_channels), (H', W')).
     """
+
+    _target = 'reduction'
 
     def __init__(self, deploy: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -106,27 +121,6 @@ class FoldablePatchMerging(PatchMerging):
         x = self.norm(x) if self.norm is not None else x
         return self.reduction(x), (H2, W2)
 
-    def _drop_foldable_norm(self) -> None:
-        if self.norm is not None and is_affine_norm(self.norm):
-            self.norm = None
-            if self.reduction.bias is None:
-                _set_bias(self.reduction, self.reduction.weight.new_zeros(self.out_channels))
-        self.deploy = True
-
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold an affine norm into the reduction, in place; idempotent."""
-        if self.deploy:
-            return
-        if self.norm is not None and is_affine_norm(self.norm):
-            linear = self.reduction
-            dtype = fold_dtype(linear.weight)
-            scale, shift = norm_affine(self.norm, dtype)
-            w = linear.weight.to(dtype)
-            bias = w @ shift
-            if linear.bias is not None:
-                bias = bias + linear.bias.to(dtype)
-            linear.weight.copy_(w * scale)
-            _set_bias(linear, bias)
-        self._drop_foldable_norm()
-
+    def _fold(self, weight, bias, scale, shift):
+        folded_bias = weight @ shift
+        return weight * scale, folded_bias if bias is None else folded_bias + bias

@@ -1,0 +1,125 @@
+"""What every mmrepa backbone shares: the dense-prediction options users know from mmdet."""
+from typing import Dict, List, Sequence
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import constant_init, trunc_normal_init
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..checkpoint.loading import check_shapes, load_state_dict_checked, read_state_dict
+from ..fold import fold_submodules
+
+
+class DenseBackbone(BaseModule):
+    """Base of the backbones: ``out_indices`` with one output norm each, ``frozen_stages``,
+    ``norm_eval``, ``deploy``, pretrained loading and the fold protocol.
+
+    Subclasses build ``self.stages`` (a ``ModuleList``) and the module named by
+    :attr:`stem_name`, call :meth:`_setup_outputs` once both exist, and implement
+    :meth:`filter_checkpoint` (checkpoint layouts -> own names) and :meth:`_default_init`.
+    """
+
+    stem_name = 'stem'  # frozen with frozen_stages >= 0
+
+    def _check_options(self, num_stages: int, out_indices: Sequence[int], frozen_stages: int,
+                       norm_eval: bool, deploy: bool) -> None:
+        self.num_stages = num_stages
+        self.out_indices = tuple(out_indices)
+        for i in self.out_indices:
+            if not 0 <= i < num_stages:
+                raise ValueError(f'out_indices {self.out_indices}: each index must be in '
+                                 f'[0, {num_stages - 1}]')
+        if not -1 <= frozen_stages <= num_stages:
+            raise ValueError(f'frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.deploy = deploy
+
+    def _setup_outputs(self, out_norm_cfg: dict) -> None:
+        """Add ``norm{i}`` for every output stage, then apply ``frozen_stages``."""
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', build_norm_layer(out_norm_cfg, self.num_features[i])[1])
+        self._freeze_stages()
+
+    def _check_input(self, x: torch.Tensor, min_size: int, why: str) -> None:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
+                             f'got {tuple(x.shape)}')
+        if min(x.shape[2:]) < min_size:
+            raise ValueError(f'input {tuple(x.shape[2:])} is too small: {why}')
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # on every load path (load_from, resume, tools/test.py), not only init_cfg's
+        check_shapes(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def reparameterize(self) -> None:
+        """Fold every foldable part (eval mode required); idempotent."""
+        fold_submodules(self)
+        self.deploy = True
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def _freeze_stages(self):
+        if self.frozen_stages >= 0:
+            stem = getattr(self, self.stem_name)
+            stem.eval()
+            for p in stem.parameters():
+                p.requires_grad = False
+        for i in range(self.frozen_stages):
+            modules = [self.stages[i]]
+            if i in self.out_indices:
+                modules.append(getattr(self, f'norm{i}'))
+            for m in modules:
+                m.eval()
+                for p in m.parameters():
+                    p.requires_grad = False
+
+    def init_weights(self):
+        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+            self.load_pretrained(self.init_cfg['checkpoint'])
+            self._is_init = True
+            return
+        super().init_weights()
+        if self.init_cfg is None:
+            self._default_init()
+
+    def _default_init(self) -> None:
+        """The family's own initialisation, used without ``init_cfg``."""
+
+    def filter_checkpoint(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """A checkpoint's state dict in this backbone's names (the family's converter)."""
+        raise NotImplementedError
+
+    def load_pretrained(self, filename: str) -> None:
+        """Load any layout :meth:`filter_checkpoint` understands. Only the output norms
+        (classification checkpoints have one final norm) and :meth:`optional_keys` may be
+        missing; other missing keys, and tensors of another shape, are errors."""
+        source = str(filename)
+        state_dict = self.filter_checkpoint(read_state_dict(filename))
+        load_state_dict_checked(
+            self, state_dict, source=source,
+            may_be_missing=['norm[0-9]*', *self.optional_keys(state_dict, source)])
+
+    def optional_keys(self, state_dict: Dict[str, torch.Tensor], source: str) -> List[str]:
+        """Patterns of own keys that this (filtered) checkpoint may lack."""
+        return []
+
+
+def trunc_normal_init_(model: nn.Module, types=(nn.Linear, )) -> None:
+    """timm / Swin initialisation: truncated-normal weights (std .02) and zero biases for
+    ``types``, identity LayerNorms and BatchNorms."""
+    for m in model.modules():
+        if isinstance(m, types):
+            trunc_normal_init(m, std=.02, bias=0.)
+        elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
+            constant_init(m, 1.0, bias=0.)
