@@ -1,4 +1,5 @@
 """PRepBN-Swin / SLAB-Swin: structure, exact folding on any input size, checkpoints."""
+import collections
 import copy
 import logging
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn as nn
 from mmengine.logging import MMLogger
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmrepa import reparameterize
 from mmrepa.backbones import PRepBNSwin
@@ -248,3 +250,35 @@ def test_positional_encodings_of_another_window_are_resized(tmp_path):
     assert state[key].shape == (1, 256, 16)
     ours = pretrained(tmp_path, state, attn_types='LLSS')
     assert ours.state_dict()[key].shape == (1, 64, 16)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops a forward runs, by name (the latency proxy a unit test can check)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_folding_removes_every_norm_computation_inside_the_network():
+    """Where the latency drop comes from: after folding, no BatchNorm and no LayerNorm runs
+    but the four output norms, and the forward runs fewer ops (timed in
+    benchmarks/prepbn_swin_latency.py and tools/benchmark.py, not here)."""
+    model = tiny(torch.float32, attn_types='LLSS')
+    folded = reparameterize(copy.deepcopy(model))
+    x = torch.randn(1, 3, 75, 101)
+    counts = []
+    for m in (model, folded):
+        with torch.no_grad(), OpCounter() as counter:
+            m(x)
+        counts.append(counter.ops)
+    before, after = counts
+    norm_ops = ('native_batch_norm', '_native_batch_norm_legit_no_training', 'batch_norm',
+                'native_layer_norm', 'layer_norm')
+    assert sum(before[op] for op in norm_ops) == 20 + 4  # 20 PRepBNs (eval: RepBN) + outputs
+    assert sum(after[op] for op in norm_ops) == 4
+    assert sum(after.values()) < sum(before.values())
