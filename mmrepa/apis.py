@@ -3,11 +3,15 @@ import copy
 import importlib
 import os
 import subprocess
+import tempfile
 from typing import Iterator, Optional, Union
 
+import mmcv
+import numpy as np
 import torch
 import torch.nn as nn
 from mmengine.config import Config
+from mmengine.dataset import Compose, pseudo_collate
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
@@ -114,3 +118,17 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
         load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
     model.cfg = cfg
     return model.to(device).eval()
+
+
+def pipeline_batch(cfg: Config, shape) -> dict:
+    """A batch of one random ``shape`` (H, W) image through the config's test pipeline (its
+    annotation loading left out), as the test dataloader would give it."""
+    steps = [t for t in cfg.test_dataloader.dataset.pipeline
+             if not t['type'].startswith('LoadAnnotations')]
+    image = np.random.default_rng(0).integers(0, 256, size=(*shape, 3), dtype=np.uint8)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, 'image.png')
+        mmcv.imwrite(image, path)
+        data = Compose(steps)(dict(img_path=path, img_id=0, seg_fields=[],
+                                   reduce_zero_label=False))
+    return pseudo_collate([data])

@@ -122,6 +122,29 @@ def test_get_flops(trained):
     assert 'backbone' in log and 'GMACs' in log
 
 
+# a two-stage detector (its RPN needs the image metas) and a segmentor, on small test images
+SMALL_TEST_IMAGES = {
+    'mask-rcnn_repa_swin_t_1x_coco.py': 'test_dataloader.dataset.pipeline.1.scale=(128,96)',
+    'upernet_repa_swin_t_512x512_160k_ade20k.py':
+        'test_dataloader.dataset.pipeline.1.scale=(128,96)',
+}
+
+
+@pytest.mark.parametrize('config', sorted(SMALL_TEST_IMAGES))
+def test_benchmark_and_get_flops_cover_two_stage_detectors_and_segmentors(config, tmp_path):
+    config, small = osp.join(ROOT, 'configs', config), SMALL_TEST_IMAGES[config]
+    out = str(tmp_path / 'bench.json')
+    run_tool('tools/benchmark.py', config, '--shape', '96', '128', '--repeat', '1', '--warmup',
+             '0', '--out', out, '--cfg-options', small)
+    scope = json.load(open(out))['scopes']['test_step']
+    assert scope['input_shape'][2:] == [96, 128]
+    assert 0 < scope['gmacs_after'] < scope['gmacs_before']
+    log = run_tool('tools/get_flops.py', config, '--shape', '96', '128', '--cfg-options', small)
+    model = next(line for line in log.splitlines() if line.startswith('model'))
+    before, after = (float(v) for v in model.split()[3:5])
+    assert 0 < after < before, log
+
+
 @pytest.fixture(scope='module')
 def ade_like(tmp_path_factory):
     """Two images in ADE20K's layout (jpg images, png label maps 0..150 with 0 = ignore)."""

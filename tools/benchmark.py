@@ -20,15 +20,13 @@ import platform
 import sys
 import tempfile
 
-import mmcv
 import numpy as np
 import torch
 from mmengine.config import DictAction
-from mmengine.dataset import Compose, pseudo_collate
 
 import mmrepa
-from mmrepa.apis import init_model
-from mmrepa.utils import complexity, time_interleaved
+from mmrepa.apis import init_model, pipeline_batch
+from mmrepa.utils import complexity, model_complexity, time_interleaved
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 
 
@@ -55,17 +53,16 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def pipeline_batch(cfg, shape):
-    """One batch from the config's test pipeline on a random image of ``shape`` (no labels)."""
-    steps = [t for t in cfg.test_dataloader.dataset.pipeline
-             if not t['type'].startswith('LoadAnnotations')]
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 256, size=(*shape, 3), dtype=np.uint8)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = osp.join(tmp, 'image.png')
-        mmcv.imwrite(image, path)
-        data = Compose(steps)(dict(img_path=path, img_id=0, seg_fields=[], reduce_zero_label=False))
-    return pseudo_collate([data])
+def cpu_name() -> str:
+    """The CPU model (Linux reports it in /proc/cpuinfo; platform.processor() is often empty)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def summarize(stats, images):
@@ -110,7 +107,7 @@ def run(args):
     folded = mmrepa.reparameterize(copy.deepcopy(model))
     result = dict(config=args.config, checkpoint=args.checkpoint, device=str(device),
                   device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda'
-                               else platform.processor() or platform.machine()),
+                               else cpu_name()),
                   threads=torch.get_num_threads(), flush_denormal=bool(flush),
                   dtype=str(next(model.parameters()).dtype),
                   shape=list(shape), batch=args.batch, repeat=args.repeat, warmup=args.warmup,
@@ -132,11 +129,11 @@ def run(args):
         batch = pipeline_batch(cfg, shape)
         scope = measure('test_step', dict(before=lambda: model.test_step(batch),
                                           after=lambda: folded.test_step(batch)), 1, args, device)
-        inputs = model.data_preprocessor(copy.deepcopy(batch), False)['inputs']
-        before, after = complexity(model, (inputs, )), complexity(folded, (inputs, ))
+        data = model.data_preprocessor(copy.deepcopy(batch), False)
+        before, after = model_complexity(model, data), model_complexity(folded, data)
         scope.update(params_before=before['params'], params_after=after['params'],
                      gmacs_before=before['macs'] / 1e9, gmacs_after=after['macs'] / 1e9,
-                     input_shape=list(inputs.shape))
+                     input_shape=list(data['inputs'].shape))
         result['scopes']['test_step'] = scope
 
     for scope in result['scopes'].values():

@@ -3,7 +3,8 @@
     python tools/get_flops.py CONFIG [--shape H W] [--checkpoint CKPT]
 
 Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included), on the
-whole model's tensor forward and on the backbone alone.
+backbone alone on a 1 x 3 x H x W tensor, and on the whole model's tensor forward for an H x W image
+sent through the config's test pipeline (which may resize it, as it does real images).
 """
 import argparse
 import copy
@@ -12,8 +13,8 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model
-from mmrepa.utils import complexity
+from mmrepa.apis import init_model, pipeline_batch
+from mmrepa.utils import complexity, model_complexity
 
 
 def parse_args(argv=None):
@@ -33,12 +34,13 @@ def main(argv=None):
     shape = tuple(args.shape or ((512, 512) if model.cfg.default_scope == 'mmseg' else
                                  (800, 1333)))
     folded = mmrepa.reparameterize(copy.deepcopy(model))
-    x = torch.randn(1, 3, *shape)
-    rows = {}
     with torch.no_grad():
-        for scope, get in (('model', lambda m: m), ('backbone', lambda m: m.backbone)):
-            rows[scope] = [complexity(get(m), (x, )) for m in (model, folded)]
-    print(f'{args.config}, input 1x3x{shape[0]}x{shape[1]}')
+        data = model.data_preprocessor(pipeline_batch(model.cfg, shape), False)
+        x = torch.randn(1, 3, *shape)
+        rows = dict(model=[model_complexity(m, data) for m in (model, folded)],
+                    backbone=[complexity(m.backbone, (x, )) for m in (model, folded)])
+    print(f"{args.config}: backbone on 1x3x{shape[0]}x{shape[1]}; model on a {shape[0]}x"
+          f"{shape[1]} image through the test pipeline, input {tuple(data['inputs'].shape)}")
     print(f"{'':<10}{'params M before':>16}{'after':>9}{'GMACs before':>14}{'after':>9}"
           f"{'ratio':>8}")
     for scope, (b, a) in rows.items():
