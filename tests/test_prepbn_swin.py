@@ -266,8 +266,8 @@ class OpCounter(TorchDispatchMode):
 
 def test_folding_removes_every_norm_computation_inside_the_network():
     """Where the latency drop comes from: after folding, no BatchNorm and no LayerNorm runs
-    but the four output norms, and the forward runs fewer ops (timed in
-    benchmarks/prepbn_swin_latency.py and tools/benchmark.py, not here)."""
+    but the four output norms, and the forward runs fewer ops (timed with tools/benchmark.py,
+    not here)."""
     model = tiny(torch.float32, attn_types='LLSS')
     folded = reparameterize(copy.deepcopy(model))
     x = torch.randn(1, 3, 75, 101)
