@@ -25,6 +25,7 @@ class DenseBackbone(BaseModule):
 
     def _check_options(self, num_stages: int, out_indices: Sequence[int], frozen_stages: int,
                        norm_eval: bool, deploy: bool) -> None:
+        """Validate the shared options (errors name the allowed range) and store them."""
         self.num_stages = num_stages
         self.out_indices = tuple(out_indices)
         for i in self.out_indices:
