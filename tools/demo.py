@@ -38,8 +38,10 @@ def main():
     from mmrepa.datasets import make_shapes_coco
     make_shapes_coco(osp.join(ROOT, 'data', 'demo_shapes'))
 
-    extra = ['--cfg-options', f'train_cfg.max_epochs={args.epochs}',
-             f'train_cfg.val_interval={args.epochs}'] if args.epochs else []
+    n = args.epochs  # the cosine schedule and the checkpoint follow the length
+    extra = ['--cfg-options', f'train_cfg.max_epochs={n}', f'train_cfg.val_interval={n}',
+             f'param_scheduler.1.end={n}', f'param_scheduler.1.T_max={n}',
+             f'default_hooks.checkpoint.interval={n}'] if n else []
     run(osp.join(ROOT, 'tools', 'train.py'), args.config, '--work-dir', args.work_dir, *extra)
     with open(osp.join(args.work_dir, 'last_checkpoint')) as f:
         ckpt = osp.join(args.work_dir, f.read().strip())  # join keeps an absolute path

@@ -51,7 +51,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/val.json', metric='bbox')
 test_evaluator = val_evaluator
 
-max_epochs = 12
+max_epochs = 20
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 optim_wrapper = dict(
     optimizer=dict(_delete_=True, type='AdamW', lr=1e-3, weight_decay=0.05),
