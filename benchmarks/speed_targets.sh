@@ -12,7 +12,8 @@ mkdir -p "$OUT"
 # a result already in OUT_DIR is kept (delete it to measure again)
 bench() {
   name=$1; shift
-  [ -f "$OUT/$name.json" ] || "$PY" tools/benchmark.py "$@" --repeat "$REPEAT" --out "$OUT/$name.json"
+  [ -f "$OUT/$name.json" ] ||
+    "$PY" tools/benchmark.py "$@" --repeat "$REPEAT" --out "$OUT/$name.json"
 }
 
 # backbones at 1x3x800x1333, speed-up vs the GMACs ratio; whole detectors' test_step, batch 1

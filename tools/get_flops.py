@@ -2,8 +2,8 @@
 
     python tools/get_flops.py CONFIG [--shape H W] [--checkpoint CKPT]
 
-Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included), on the
-backbone alone on a 1 x 3 x H x W tensor, and on the whole model's tensor forward for an H x W image
+Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included): the
+backbone alone on a 1 x 3 x H x W tensor, and the whole model's tensor forward on an H x W image
 sent through the config's test pipeline (which may resize it, as it does real images).
 """
 import argparse
