@@ -44,13 +44,9 @@ def fold_submodules(model: nn.Module) -> None:
             raise FoldError(f'cannot fold {name} ({type(module).__name__}): {err}') from err
 
 
-def reparameterize(model: nn.Module) -> nn.Module:
-    """Fold ``model`` for inference, in place, and return it.
-
-    Every submodule implementing ``reparameterize()`` is folded, deepest first. Folding reads
-    BatchNorm running statistics, so the model must be in eval mode (``model.eval()``).
-    Calling this again on a folded model changes nothing.
-    """
+def check_eval_mode(model: nn.Module) -> None:
+    """Refuse a model that is (partly) in training mode: folds read BatchNorm running
+    statistics, which are only what the model computes in eval mode."""
     training = [name or type(model).__name__ for name, m in _post_order(model)
                 if m.training and (m is model or is_foldable(m) or isinstance(m, _BatchNorm))]
     if training:
@@ -58,6 +54,16 @@ def reparameterize(model: nn.Module) -> nn.Module:
             'reparameterize() needs a model in eval mode: folding uses BatchNorm running '
             f'statistics, but {len(training)} module(s) are in training mode (first: '
             f'{training[0]}). Call model.eval() first.')
+
+
+def reparameterize(model: nn.Module) -> nn.Module:
+    """Fold ``model`` for inference, in place, and return it.
+
+    Every submodule implementing ``reparameterize()`` is folded, deepest first. Folding reads
+    BatchNorm running statistics, so the model must be in eval mode (``model.eval()``).
+    Calling this again on a folded model changes nothing.
+    """
+    check_eval_mode(model)
     fold_submodules(model)
     if is_foldable(model):
         model.reparameterize()
@@ -107,23 +113,34 @@ def is_affine_norm(norm: nn.Module) -> bool:
 
 
 
-def check_fold_state(state_dict: dict, prefix: str, deploy: bool, folded_key: str,
-                     unfolded_key: str) -> None:
-    """Refuse to load the other form of a foldable module's weights.
+def check_fold_state(state_dict: dict, prefix: str, module: nn.Module) -> None:
+    """Refuse to load the other form of a module's weights.
 
-    Called from ``_load_from_state_dict``, so every load path (``load_state_dict``, mmengine's
+    A module with a training and a folded form declares ``fold_state_keys = (folded_key,
+    unfolded_key)``, a key only its folded and one only its unfolded state dict has, and calls
+    this from ``_load_from_state_dict``: every load path (``load_state_dict``, mmengine's
     ``load_checkpoint`` for ``load_from``, resume and ``tools/test.py``) stops here instead of
     leaving the module at its initial weights under a "missing keys" warning.
     """
+    folded_key, unfolded_key = module.fold_state_keys
     has_folded = prefix + folded_key in state_dict
     has_unfolded = prefix + unfolded_key in state_dict
-    if deploy and has_unfolded and not has_folded:
+    where = prefix[:-1] or type(module).__name__
+    if module.deploy and has_unfolded and not has_folded:
         raise ValueError(
-            f'{prefix[:-1]}: the checkpoint holds unfolded weights ({prefix}{unfolded_key}) but '
+            f'{where}: the checkpoint holds unfolded weights ({prefix}{unfolded_key}) but '
             f'the model was built folded (deploy=True). Build it with deploy=False and fold after '
             f'loading, or fold the checkpoint first with tools/reparameterize.py.')
-    if not deploy and has_folded and not has_unfolded:
+    if not module.deploy and has_folded and not has_unfolded:
         raise ValueError(
-            f'{prefix[:-1]}: the checkpoint holds folded weights ({prefix}{folded_key}), written '
+            f'{where}: the checkpoint holds folded weights ({prefix}{folded_key}), written '
             f'by reparameterize, but the model was built unfolded. Build it with deploy=True '
             f'(for a config: --cfg-options model.backbone.deploy=True).')
+
+
+def check_fold_states(model: nn.Module, state_dict: dict) -> None:
+    """:func:`check_fold_state` for every two-form submodule of ``model`` (``state_dict`` in
+    ``model``'s names), before a loader reports the keys of the other form as missing."""
+    for name, module in model.named_modules():
+        if hasattr(module, 'fold_state_keys'):
+            check_fold_state(state_dict, f'{name}.' if name else '', module)

@@ -153,9 +153,10 @@ def test_unused_and_missing_optional_keys_are_reported_by_name(tmp_path):
 
 def test_folded_and_unfolded_checkpoints_need_the_matching_deploy_flag(tmp_path):
     model = RePaSwin(arch=TINY_ARCH).eval()
-    with pytest.raises(ValueError, match='build it with deploy=False'):
+    with pytest.raises(ValueError, match=r'stages\.0\.blocks\.0\.ffn: .*unfolded weights.*'
+                       'Build it with deploy=False'):
         pretrained(tmp_path, model.state_dict(), deploy=True)
-    with pytest.raises(ValueError, match='build the model with deploy=True'):
+    with pytest.raises(ValueError, match=r'ffn: .*folded weights.*Build it with deploy=True'):
         pretrained(tmp_path, reparameterize(model).state_dict())
     pretrained(tmp_path, model.state_dict(), deploy=True)  # folded into deploy: fine
 

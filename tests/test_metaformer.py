@@ -289,10 +289,10 @@ def test_folded_and_unfolded_checkpoints_need_the_matching_deploy():
     model = ConvFormer(arch=TINY, idle_ratio=0.5).eval()
     unfolded = model.state_dict()
     folded = reparameterize(model).state_dict()
-    with pytest.raises(ValueError, match='build the model with deploy=True'):
-        checkpoint_filter_fn(folded, ConvFormer(arch=TINY, idle_ratio=0.5))
-    with pytest.raises(ValueError, match='built with deploy=True'):
-        checkpoint_filter_fn(unfolded, ConvFormer(arch=TINY, idle_ratio=0.5, deploy=True))
+    with pytest.raises(ValueError, match=r'blocks\.0: .*folded weights.*Build it with deploy=True'):
+        load_state_dict_checked(ConvFormer(arch=TINY, idle_ratio=0.5), folded)
+    with pytest.raises(ValueError, match=r'blocks\.0: .*built folded \(deploy=True\)'):
+        load_state_dict_checked(ConvFormer(arch=TINY, idle_ratio=0.5, deploy=True), unfolded)
 
 
 # ----------------------------------------------------------------------------- sizes, counts

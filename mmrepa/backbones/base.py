@@ -9,7 +9,7 @@ from mmengine.model.weight_init import constant_init, trunc_normal_init
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import check_shapes, load_state_dict_checked, read_state_dict
-from ..fold import fold_submodules
+from ..fold import check_eval_mode, fold_submodules
 
 
 class DenseBackbone(BaseModule):
@@ -57,9 +57,12 @@ class DenseBackbone(BaseModule):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reparameterize(self) -> None:
-        """Fold every foldable part (eval mode required); idempotent."""
+        """Fold every foldable part (eval mode required); idempotent. Frozen stages stay
+        frozen: the folded layers are new parameters, which would otherwise be trainable."""
+        check_eval_mode(self)
         fold_submodules(self)
         self.deploy = True
+        self._freeze_stages()
 
     def train(self, mode: bool = True):
         super().train(mode)

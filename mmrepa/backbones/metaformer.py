@@ -12,7 +12,6 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule, ModuleList
@@ -21,7 +20,7 @@ from mmengine.registry import MODELS
 from ..checkpoint.loading import strip_prefixes
 from ..fold import check_fold_state
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
-                      channels_last_norm, num_active_channels)
+                      channels_last_norm, checkpoint_forward, num_active_channels)
 from .base import DenseBackbone, trunc_normal_init_
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).
@@ -133,28 +132,30 @@ class MetaFormerBlock(BaseModule):
     stays and only StarReLU's scale and bias move into ``fc2``).
     """
 
+    fold_state_keys = ('ffn.in_proj.weight', 'mlp.fc1.weight')  # see check_fold_state
+
     def __init__(self, dims: int, token_mixer: nn.Module, idle_ratio: float, res_scale: bool,
                  drop_path_rate: float = 0., with_cp: bool = False, deploy: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         self.with_cp = with_cp
         self.deploy = deploy
-        self.ffn_cfg = ffn_config(dims, idle_ratio, res_scale)
+        ffn_cfg = ffn_config(dims, idle_ratio, res_scale)
         self.norm1 = _layer_norm_no_bias(dims)
         self.token_mixer = token_mixer
         self.res_scale1 = ResScale(dims) if res_scale else None
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         if deploy:
-            self.ffn = ChannelIdleFFN(**self.ffn_cfg, deploy=True)
+            self.ffn = ChannelIdleFFN(**ffn_cfg, deploy=True)
             return
         hidden = MLP_RATIO * dims
-        self.norm2 = build_norm_layer(self.ffn_cfg['norm_cfg'], dims)[1]
+        self.norm2 = build_norm_layer(ffn_cfg['norm_cfg'], dims)[1]
         self.mlp = MetaFormerMlp(dims, hidden, num_active_channels(hidden, idle_ratio),
-                                 self.ffn_cfg['act_cfg'], self.ffn_cfg['hidden_norm_cfg'])
+                                 ffn_cfg['act_cfg'], ffn_cfg['hidden_norm_cfg'])
         self.res_scale2 = ResScale(dims) if res_scale else None
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self.deploy, 'ffn.in_proj.weight', 'mlp.fc1.weight')
+        check_fold_state(state_dict, prefix, self)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
@@ -169,8 +170,8 @@ class MetaFormerBlock(BaseModule):
         return self._residual(self.res_scale2, x, y)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, use_reentrant=False)
+        if self.with_cp:
+            return checkpoint_forward(self, self._forward, x)
         return self._forward(x)
 
     @torch.no_grad()
@@ -178,11 +179,10 @@ class MetaFormerBlock(BaseModule):
         """Fold the MLP branch into a folded :class:`ChannelIdleFFN` (in place, idempotent)."""
         if self.deploy:
             return
-        ffn = ChannelIdleFFN(**self.ffn_cfg)  # the same function, built from this block's parts
-        ffn.norm1, ffn.fc1, ffn.act = self.norm2, self.mlp.fc1, self.mlp.act
-        ffn.norm2, ffn.fc2 = self.mlp.norm, self.mlp.fc2
-        if self.res_scale2 is not None:
-            ffn.res_scale = self.res_scale2.scale
+        ffn = ChannelIdleFFN.from_modules(
+            self.norm2, self.mlp.fc1, self.mlp.act, self.mlp.fc2, self.mlp.active,
+            hidden_norm=self.mlp.norm,
+            res_scale=self.res_scale2.scale if self.res_scale2 is not None else None)
         ffn.train(self.training).reparameterize()
         del self.norm2, self.mlp, self.res_scale2
         self.ffn = ffn
@@ -457,12 +457,6 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MetaFormer)
         if k.startswith('head.norm.') and hasattr(model, last_norm):
             k = last_norm + k[len('head.norm'):]
         out[k] = v  # the classifier (head.fc.*) is left in, to be reported as unused
-    if model.deploy and any('.mlp.fc1.' in k for k in out):
-        raise ValueError('this checkpoint holds an unfolded MetaFormer but the model was built '
-                         'with deploy=True: build it with deploy=False (and fold after loading)')
-    if not model.deploy and any('.ffn.in_proj.' in k for k in out):
-        raise ValueError('this checkpoint holds a folded (deploy) MetaFormer: build the model '
-                         'with deploy=True to load it')
     own = model.state_dict()
     for k, v in out.items():
         if k in own and v.dim() == 4 and own[k].dim() == 2 and v.shape[2:] == (1, 1):

@@ -3,7 +3,6 @@
 With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly mmdet's ``SwinTransformer`` and
 loads its checkpoints unchanged.
 """
-import contextlib
 import math
 import re
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -11,16 +10,14 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import strip_prefixes
 from ..fold import fold_dtype, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
-                      shifted_window_mask)
+                      channels_last_norm, checkpoint_forward, shifted_window_mask)
 from .base import DenseBackbone, trunc_normal_init_
 
 # embed_dims, depths, num_heads of the published Swin variants.
@@ -92,16 +89,14 @@ class RePaSwinBlock(BaseModule):
                                   **ffn_cfg)
 
     def _forward(self, x, hw_shape, mask):
-        y = x if self.norm1 is None else self.norm1(x)
+        y = x if self.norm1 is None else channels_last_norm(self.norm1, x)
         x = x + self.attn(y, hw_shape, mask)
         return self.ffn(x)
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, hw_shape, mask, use_reentrant=False,
-                                 context_fn=lambda: (contextlib.nullcontext(),
-                                                     _batchnorm_statistics_kept(self)))
+        if self.with_cp:
+            return checkpoint_forward(self, self._forward, x, hw_shape, mask)
         return self._forward(x, hw_shape, mask)
 
     @torch.no_grad()
@@ -112,23 +107,6 @@ class RePaSwinBlock(BaseModule):
             self.attn.fold_input_affine(scale, shift)
             self.norm1 = None
         self.deploy = True
-
-
-@contextlib.contextmanager
-def _batchnorm_statistics_kept(module: nn.Module):
-    """While gradient checkpointing recomputes ``module``, its BatchNorms normalise as before
-    but do not update their running statistics a second time for the same batch."""
-    bns = [m for m in module.modules()
-           if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
-    saved = [(bn.momentum, bn.num_batches_tracked.clone()) for bn in bns]
-    for bn in bns:
-        bn.momentum = 0.0
-    try:
-        yield
-    finally:
-        for bn, (momentum, count) in zip(bns, saved):
-            bn.momentum = momentum
-            bn.num_batches_tracked.copy_(count)
 
 
 class RePaSwinStage(BaseModule):
@@ -202,9 +180,11 @@ class RePaSwin(DenseBackbone):
         drop_path_rate (float): Stochastic depth, increasing linearly to this. Default: 0.1.
         act_cfg (dict): FFN activation. Default: ``dict(type='GELU')``.
         norm_cfg (dict): Norms of the attention branch, patch embedding and merging; affine
-            ones (``RepBN``, ``PRepBN``) fold into ``qkv``, the conv and the reduction.
+            ones (BatchNorm such as ``BN1d`` or ``SyncBN``, normalising each channel over all
+            tokens; ``RepBN``, ``PRepBN``) fold into ``qkv``, the conv and the reduction.
             Default: ``dict(type='LN')``.
-        out_norm_cfg (dict): Norms applied to the outputs. Default: ``dict(type='LN')``.
+        out_norm_cfg (dict): Norms applied to the outputs (a BatchNorm works per channel, as
+            in ``norm_cfg``). Default: ``dict(type='LN')``.
         out_indices (Sequence[int]): Stages whose outputs are returned. Default: (0, 1, 2, 3).
         frozen_stages (int): Freeze the patch embedding (0) and stages 1..n (n >= 1):
             parameters fixed and eval mode. -1 freezes nothing. Default: -1.
@@ -309,7 +289,7 @@ class RePaSwin(DenseBackbone):
         for i, stage in enumerate(self.stages):
             x, hw_shape, out, out_shape = stage(x, hw_shape)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(out)
+                out = channels_last_norm(getattr(self, f'norm{i}'), out)
                 outs.append(out.view(-1, *out_shape, self.num_features[i])
                             .permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
@@ -379,13 +359,6 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: RePaSwin) -
             continue
         k = k.replace('.ffn.layers.0.0.', '.ffn.fc1.').replace('.ffn.layers.1.', '.ffn.fc2.')
         out[_BLOCK_NORM2.sub(r'\1.ffn.norm1.', k)] = v
-    if model.deploy and any('.ffn.fc1.' in k for k in out):
-        raise ValueError('this checkpoint holds an unfolded RePaSwin but the model was built '
-                         'with deploy=True: build it with deploy=False, or fold the checkpoint '
-                         'first (tools/reparameterize.py)')
-    if not model.deploy and any('.ffn.in_proj.' in k for k in out):
-        raise ValueError('this checkpoint holds a folded (deploy) RePaSwin: build the model '
-                         'with deploy=True to load it')
     own = model.state_dict()
     for k, v in out.items():
         if k.endswith('relative_position_bias_table') and k in own and v.shape != own[k].shape:

@@ -11,6 +11,8 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from ..fold import check_fold_states
+
 
 class LoadReport(NamedTuple):
     """Outcome of :func:`load_state_dict_checked`: keys by name."""
@@ -83,6 +85,7 @@ def load_state_dict_checked(module: nn.Module,
         KeyError: a key the model needs is missing (a core weight or a BN statistic).
     """
     own = module.state_dict()
+    check_fold_states(module, state_dict)
     check_shapes(module, state_dict, source=source)
     patterns = list(may_be_missing) + ['*num_batches_tracked']
     missing = [k for k in own if k not in state_dict]

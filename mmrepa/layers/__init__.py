@@ -1,6 +1,7 @@
 from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
 from .channel_idle_ffn import (ChannelIdleFFN, activate_first_, channels_last_norm,
                                num_active_channels)
+from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
 from .prepbn import PRepBN, RepBN
@@ -11,7 +12,7 @@ from .window_attention import (ShiftWindowMSA, WindowMSA, shifted_window_mask, w
 from .windowed_self_attention import WindowedSelfAttention
 
 __all__ = [
-    'ChannelIdleFFN', 'activate_first_', 'channels_last_norm', 'num_active_channels',
+    'batchnorm_statistics_kept', 'checkpoint_forward', 'ChannelIdleFFN', 'activate_first_', 'channels_last_norm', 'num_active_channels',
     'ShiftWindowMSA', 'WindowMSA', 'shifted_window_mask', 'window_partition', 'window_reverse',
     'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
     'ResScale', 'SepConv', 'WindowedSelfAttention', 'SimplifiedLinearAttention',

@@ -12,7 +12,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..fold import check_fold_state, fold_dtype, is_affine_norm, norm_affine
-from .activations import bare_activation, output_affine
+from .activations import bare_activation, has_output_affine, output_affine
 
 
 def num_active_channels(hidden_channels: int, idle_ratio: float) -> int:
@@ -122,6 +122,8 @@ class ChannelIdleFFN(BaseModule):
             Default: None.
     """
 
+    fold_state_keys = ('in_proj.weight', 'fc1.weight')  # see mmrepa.fold.check_fold_state
+
     def __init__(self,
                  embed_dims: int,
                  mlp_ratio: float = 4.,
@@ -137,31 +139,63 @@ class ChannelIdleFFN(BaseModule):
                  res_scale: bool = False,
                  layer_scale_init: Optional[float] = None):
         super().__init__(init_cfg=init_cfg)
-        self.embed_dims = embed_dims
-        self.hidden_channels = int(round(mlp_ratio * embed_dims))
-        self.idle_ratio = idle_ratio
-        self.active_channels = num_active_channels(self.hidden_channels, idle_ratio)
-        self.deploy = deploy
-        self.has_res_scale = res_scale
+        hidden = int(round(mlp_ratio * embed_dims))
         act = build_activation_layer(act_cfg)
         norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        # The pre-norm folds into fc1 only if it is affine at inference (BN, RepBN).
-        self.prenorm_folds = is_affine_norm(norm1)
+        self._set_shape(embed_dims, hidden, num_active_channels(hidden, idle_ratio), act,
+                        norm1, res_scale)
+        self.idle_ratio = idle_ratio
         if deploy:
             self.act = bare_activation(act)
-            self._build_folded(keep_norm=None if self.prenorm_folds else norm1)
+            self._build_folded(keep_norm=None if self.prenorm_folds else norm1,
+                               **self._folded_biases(bias, hidden_norm_cfg is not None, bias))
+            self.deploy = True
             return
         self.act = act
         self.res_scale = nn.Parameter(torch.ones(embed_dims)) if res_scale else None
         self.layer_scale = (nn.Parameter(torch.full((embed_dims, ), float(layer_scale_init)))
                             if layer_scale_init is not None else None)
         self.norm1 = norm1
-        self.fc1 = nn.Linear(embed_dims, self.hidden_channels, bias=bias)
-        self.norm2 = (build_norm_layer(hidden_norm_cfg, self.hidden_channels)[1]
+        self.fc1 = nn.Linear(embed_dims, hidden, bias=bias)
+        self.norm2 = (build_norm_layer(hidden_norm_cfg, hidden)[1]
                       if hidden_norm_cfg is not None else None)
         self.drop = nn.Dropout(drop_rate)
-        self.fc2 = nn.Linear(self.hidden_channels, embed_dims, bias=bias)
+        self.fc2 = nn.Linear(hidden, embed_dims, bias=bias)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
+
+    @classmethod
+    def from_modules(cls, norm1: nn.Module, fc1: nn.Linear, act: nn.Module, fc2: nn.Linear,
+                     active_channels: int, hidden_norm: Optional[nn.Module] = None,
+                     res_scale: Optional[nn.Parameter] = None,
+                     layer_scale: Optional[nn.Parameter] = None,
+                     drop_path: Optional[nn.Module] = None) -> 'ChannelIdleFFN':
+        """The FFN made of existing modules (shared, not copied): another layout of the same
+        branch (e.g. a MetaFormer block's ``norm2``, ``mlp``, ``res_scale2``) folds as this
+        class folds. The activation applies to the first ``active_channels`` hidden channels.
+        """
+        self = cls.__new__(cls)
+        BaseModule.__init__(self)
+        embed_dims, hidden = fc1.in_features, fc1.out_features
+        self._set_shape(embed_dims, hidden, active_channels, act, norm1, res_scale is not None)
+        self.idle_ratio = 1.0 - active_channels / hidden
+        self.act, self.norm1, self.fc1, self.norm2, self.fc2 = act, norm1, fc1, hidden_norm, fc2
+        self.res_scale, self.layer_scale = res_scale, layer_scale
+        self.drop = nn.Identity()
+        self.drop_path = drop_path if drop_path is not None else nn.Identity()
+        return self
+
+    def _set_shape(self, embed_dims: int, hidden: int, active: int, act: nn.Module,
+                   norm1: nn.Module, res_scale: bool) -> None:
+        if not 0 <= active <= hidden:
+            raise ValueError(f'active_channels must be in [0, {hidden}], got {active}')
+        self.embed_dims = embed_dims
+        self.hidden_channels = hidden
+        self.active_channels = active
+        self.deploy = False
+        self.has_res_scale = res_scale
+        self.act_has_output_affine = has_output_affine(act)
+        # The pre-norm folds into fc1 only if it is affine at inference (BN, RepBN).
+        self.prenorm_folds = is_affine_norm(norm1)
 
     @property
     def has_idle_channels(self) -> bool:
@@ -172,15 +206,24 @@ class ChannelIdleFFN(BaseModule):
         """In the folded form, whether the shortcut lives inside ``in_proj``'s linear path."""
         return self.prenorm_folds and self.has_idle_channels
 
-    def _build_folded(self, keep_norm: Optional[nn.Module], like: Optional[torch.Tensor] = None):
+    def _folded_biases(self, fc1_bias: bool, hidden_norm: bool, fc2_bias: bool) -> dict:
+        """Which folded layers need a bias, decided from the structure (not the values), so
+        that ``deploy=True`` builds what folding leaves, and no bias is zero by construction.
+        """
+        out_bias = fc2_bias or hidden_norm or (self.act_has_output_affine and
+                                               self.active_channels > 0)
+        in_bias = fc1_bias or self.prenorm_folds or (self.has_idle_channels and out_bias)
+        return dict(in_bias=in_bias, out_bias=out_bias and not self.has_idle_channels)
+
+    def _build_folded(self, keep_norm: Optional[nn.Module], in_bias: bool, out_bias: bool,
+                      like: Optional[torch.Tensor] = None):
         """Create the folded layers (uninitialised); ``like`` gives their device and dtype."""
         factory = dict(device=like.device, dtype=like.dtype) if like is not None else {}
         C, a = self.embed_dims, self.active_channels
         linear_width = C if self.has_idle_channels else 0
         self.norm1 = keep_norm
-        self.in_proj = nn.Linear(C, a + linear_width, **factory)
-        self.out_proj = (nn.Linear(a, C, bias=linear_width == 0, **factory)
-                         if a > 0 else None)
+        self.in_proj = nn.Linear(C, a + linear_width, bias=in_bias, **factory)
+        self.out_proj = nn.Linear(a, C, bias=out_bias, **factory) if a > 0 else None
         # A shortcut outside in_proj keeps its residual scale as a parameter.
         self.res_scale = (nn.Parameter(torch.ones(C, **factory))
                           if self.has_res_scale and not self.shortcut_folded else None)
@@ -200,7 +243,7 @@ class ChannelIdleFFN(BaseModule):
         return self._add_shortcut(self.drop_path(z.view(x.shape)), x)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self.deploy, 'in_proj.weight', 'fc1.weight')
+        check_fold_state(state_dict, prefix, self)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _add_shortcut(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -267,16 +310,19 @@ class ChannelIdleFFN(BaseModule):
             in_weight, in_bias = w_in, b_in
 
         keep_norm = None if self.prenorm_folds else self.norm1
+        biases = self._folded_biases(self.fc1.bias is not None, self.norm2 is not None,
+                                     self.fc2.bias is not None)
         for name in ('norm1', 'fc1', 'norm2', 'drop', 'fc2', 'drop_path', 'res_scale',
                      'layer_scale'):
             delattr(self, name)
         self.act = bare_activation(self.act)
-        self._build_folded(keep_norm, like=like)
+        self._build_folded(keep_norm, like=like, **biases)
         self.in_proj.weight.copy_(in_weight)
-        self.in_proj.bias.copy_(in_bias)
+        if self.in_proj.bias is not None:
+            self.in_proj.bias.copy_(in_bias)
         if a > 0:
             self.out_proj.weight.copy_(w_out[:, :a])
-            if not self.has_idle_channels:
+            if self.out_proj.bias is not None:
                 self.out_proj.bias.copy_(b_out)
         if self.res_scale is not None:
             self.res_scale.copy_(r)

@@ -8,8 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..fold import fold_dtype, is_affine_norm, norm_affine
+from .channel_idle_ffn import channels_last_norm
 
 
 class _NormFolding:
@@ -73,6 +75,16 @@ class FoldablePatchEmbed(_NormFolding, PatchEmbed):
         if deploy:
             self._drop_foldable_norm()
 
+    def forward(self, x: torch.Tensor):
+        if self.adaptive_padding:
+            x = self.adaptive_padding(x)
+        x = self.projection(x)
+        out_size = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        if self.norm is not None:  # over channels, also for a BatchNorm
+            x = channels_last_norm(self.norm, x)
+        return x, out_size
+
     def _fold(self, weight, bias, scale, shift):
         bias = torch.zeros_like(scale) if bias is None else bias
         return weight * scale.view(-1, 1, 1, 1), bias * scale + shift
@@ -104,6 +116,10 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
         self._is_2x2 = (s.kernel_size == (2, 2) and s.stride == (2, 2) and s.dilation == (1, 1)
                         and s.padding == (0, 0) and self.adaptive_padding is not None
                         and self.adaptive_padding.padding == 'corner')
+        if not self._is_2x2 and isinstance(self.norm, _BatchNorm):
+            raise ValueError('FoldablePatchMerging: a BatchNorm norm_cfg needs the 2x2, stride-2 '
+                             "merging with 'corner' padding (Swin's); use a LayerNorm, RepBN or "
+                             'PRepBN with other samplers')
         if deploy:
             self._drop_foldable_norm()
 
@@ -118,7 +134,7 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
         H2, W2 = (H + 1) // 2, (W + 1) // 2
         # channel-major, then the (row, col) offsets in raster order: nn.Unfold's order
         x = x.view(B, H2, 2, W2, 2, C).permute(0, 1, 3, 5, 2, 4).reshape(B, H2 * W2, 4 * C)
-        x = self.norm(x) if self.norm is not None else x
+        x = channels_last_norm(self.norm, x) if self.norm is not None else x
         return self.reduction(x), (H2, W2)
 
     def _fold(self, weight, bias, scale, shift):
