@@ -136,8 +136,14 @@ def test_drop_path_and_dropout_are_identity_at_eval_and_train_path_runs():
     x = torch.randn(4, 6, 16, requires_grad=True)
     ffn(x).sum().backward()
     assert x.grad is not None and ffn.fc1.weight.grad is not None
-    ffn.eval()
-    torch.testing.assert_close(ffn(x), ffn(x))
+    plain = ChannelIdleFFN(16)
+    plain.load_state_dict(ffn.state_dict())
+    ffn.eval(), plain.eval()
+    torch.testing.assert_close(ffn(x), plain(x), rtol=0, atol=0)
+    ffn.train()
+    ffn.norm1.eval(), ffn.norm2.eval(), plain.train()
+    plain.norm1.eval(), plain.norm2.eval()
+    assert not torch.allclose(ffn(x), plain(x))  # in training they do drop
 
 
 @settings(max_examples=25, deadline=None)

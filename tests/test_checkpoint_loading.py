@@ -164,9 +164,17 @@ def test_folded_and_unfolded_checkpoints_need_the_matching_deploy_flag(tmp_path)
 def test_relative_position_tables_of_another_window_are_resized(tmp_path):
     state = RePaSwin(arch=TINY_ARCH, window_size=12).state_dict()
     model = RePaSwin(arch=TINY_ARCH, window_size=7)
-    converted = checkpoint_filter_fn(state, model)
     key = 'stages.0.blocks.0.attn.w_msa.relative_position_bias_table'
+    # a bias that depends on the vertical offset only: so must the resized one (a transposed
+    # reshape would make it depend on the horizontal offset only)
+    dy = torch.arange(23.).view(23, 1).expand(23, 23)
+    state[key] = dy.reshape(529, 1)
+    converted = checkpoint_filter_fn(state, model)
     assert converted[key].shape == model.state_dict()[key].shape == (169, 1)
+    grid = converted[key].view(13, 13)
+    assert torch.allclose(grid, grid[:, :1].expand(13, 13), atol=1e-5)
+    assert (grid[1:, 0] > grid[:-1, 0]).all()
+    torch.testing.assert_close(grid[6, 0], torch.tensor(11.), atol=1e-4, rtol=0)  # offset 0
     load_state_dict_checked(model, converted)
 
 

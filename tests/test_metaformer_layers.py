@@ -26,9 +26,13 @@ def test_star_relu_is_its_formula_with_and_without_autograd():
     torch.testing.assert_close(y, expected)
     y.sum().backward()
     assert act.scale.grad is not None and act.bias.grad is not None and x.grad is not None
-    with torch.no_grad():  # in-place path
-        torch.testing.assert_close(act(x), expected)
-    assert torch.equal(act(x.detach().requires_grad_(False)), act(x.detach()))
+    with torch.no_grad():  # in-place path, on relu's output and not on the input
+        x_in = x.detach().clone()
+        torch.testing.assert_close(act(x_in), expected.detach())
+        assert torch.equal(x_in, x.detach())
+    y = act(x.detach())  # input without grad, learnable s and b: the autograd path
+    assert y.requires_grad
+    torch.testing.assert_close(y, expected)
 
 
 def test_star_relu_output_affine_protocol():

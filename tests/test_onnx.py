@@ -37,5 +37,6 @@ def test_export_reports_a_shape_mismatch(tmp_path):
     path = str(tmp_path / 'm.onnx')
     export_onnx(model, torch.randn(1, 3, 64, 64), path)
     # the graph is for the traced shape only; another size is refused, not silently wrong
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match=r'exported for input \(1, 3, 64, 64\) but got '
+                       r'\(1, 3, 96, 64\): export it again'):
         onnx_max_abs_error(model, torch.randn(1, 3, 96, 64), onnxruntime_session(path))

@@ -248,8 +248,15 @@ def test_positional_encodings_of_another_window_are_resized(tmp_path):
                        linear_window_sizes=(16, 8, 5, 3)).state_dict()
     key = 'stages.0.blocks.0.attn.w_msa.positional_encoding'
     assert state[key].shape == (1, 256, 16)
+    # channel c holds c * row: the resized encoding must too (rows, not columns, not channels)
+    row = torch.arange(16.).view(16, 1, 1).expand(16, 16, 16)
+    state[key] = (row * torch.arange(16.)).reshape(1, 256, 16)
     ours = pretrained(tmp_path, state, attn_types='LLSS')
-    assert ours.state_dict()[key].shape == (1, 64, 16)
+    grid = ours.state_dict()[key].view(8, 8, 16)
+    assert torch.allclose(grid, grid[:, :1].expand(8, 8, 16), atol=1e-4)  # same along columns
+    assert (grid[1:, 0, 1] > grid[:-1, 0, 1]).all()
+    torch.testing.assert_close(grid[:, 0, 2], 2 * grid[:, 0, 1])
+    assert not grid[:, :, 0].any()
 
 
 class OpCounter(TorchDispatchMode):

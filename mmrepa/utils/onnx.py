@@ -56,6 +56,13 @@ def onnxruntime_session(path: str, threads: int = 0):
 
 
 def run_onnx(session, x: torch.Tensor) -> List[np.ndarray]:
+    """The session's outputs on ``x``; an input of another size than the exported one is
+    refused (the graph's window layouts and masks are constants for that size)."""
+    exported = tuple(session.get_inputs()[0].shape)
+    if all(isinstance(d, int) for d in exported) and exported != tuple(x.shape):
+        raise ValueError(f'the ONNX graph was exported for input {exported} but got '
+                         f'{tuple(x.shape)}: export it again for this size '
+                         '(tools/export_onnx.py --shape H W)')
     return session.run(None, {'input': x.detach().cpu().numpy()})
 
 
