@@ -458,6 +458,6 @@ def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
          *options], cwd=root, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
-    assert 'folded backbone verified' in log and 'parameters (M)' in log
+    assert 'folded model verified' in log and 'parameters (M)' in log
     with open(metrics) as f:
         assert 'coco/bbox_mAP' in json.load(f)

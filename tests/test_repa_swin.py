@@ -159,3 +159,39 @@ def test_vanilla_counts_match_mmdet_swin():
     for arch, expected in (('tiny', 27.5), ('small', 48.8), ('base', 86.7)):
         model = RePaSwin(arch=arch, idle_ratio=0., ffn_norm='LN')
         assert round(_params(model) / 1e6, 1) == expected
+
+
+def test_a_mmdet_swin_config_switches_to_repa_swin_by_its_type_alone(tmp_path):
+    """Users change ``type`` in an inherited mmdet Swin backbone; its arguments must work."""
+    from mmengine.config import Config
+    from mmdet.registry import MODELS
+    path = tmp_path / 'config.py'
+    path.write_text("_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'\n"
+                    "model = dict(backbone=dict(type='RePaSwin'))\n")
+    cfg = Config.fromfile(str(path)).model.backbone
+    backbone = MODELS.build(cfg)
+    assert backbone.embed_dims == 96 and backbone.out_indices == (1, 2, 3)
+    assert [len(s.blocks) for s in backbone.stages] == [2, 2, 6, 2]
+    assert backbone.init_cfg == cfg.init_cfg
+    small = MODELS.build(dict(cfg, depths=[2, 2, 18, 2]))
+    assert [len(s.blocks) for s in small.stages] == [2, 2, 18, 2]
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(arch='base', embed_dims=96), r"arch='base' has embed_dims=128 but embed_dims=96 .*"
+     r'_delete_=True'),
+    (dict(strides=(4, 2, 1, 2)), r'strides=\(4, 2, 1, 2\).*set patch_size'),
+    (dict(use_abs_pos_embed=True), 'no absolute position embedding'),
+    (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),
+     'either as init_cfg or as pretrained'),
+])
+def test_mmdet_swin_arguments_that_mean_nothing_here_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RePaSwin(**kwargs)
+
+
+def test_mmdet_pretrained_argument_becomes_init_cfg():
+    with pytest.warns(UserWarning, match='pretrained is deprecated'):
+        model = RePaSwin(arch=TINY_ARCH, pretrained='swin.pth', strides=(4, 2, 2, 2),
+                         convert_weights=True, pretrain_img_size=384)
+    assert model.init_cfg == dict(type='Pretrained', checkpoint='swin.pth')

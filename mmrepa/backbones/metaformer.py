@@ -350,23 +350,12 @@ class ConvFormer(MetaFormer):
             otherwise timm's truncated-normal initialisation.
     """
 
-    def __init__(self,
-                 arch: Union[str, dict] = 's18',
-                 in_channels: int = 3,
-                 idle_ratio: Union[float, Sequence[float]] = 0.,
-                 drop_path_rate: float = 0.,
-                 out_norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
-        super().__init__(arch, ('conv', ) * NUM_STAGES, in_channels=in_channels,
-                         idle_ratio=idle_ratio, drop_path_rate=drop_path_rate,
-                         out_norm_cfg=out_norm_cfg, out_indices=out_indices,
-                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
-                         deploy=deploy, init_cfg=init_cfg)
+    def __init__(self, arch: Union[str, dict] = 's18', **kwargs):
+        attention_only = {'window_sizes', 'global_blocks', 'head_dim'} & set(kwargs)
+        if attention_only:
+            raise TypeError(f'ConvFormer has no attention, so no {sorted(attention_only)}: '
+                            'use CAFormer for attention stages')
+        super().__init__(arch, ('conv', ) * NUM_STAGES, **kwargs)
 
 
 @MODELS.register_module()
@@ -376,8 +365,8 @@ class CAFormer(MetaFormer):
     Attention has head_dim 32 and no qkv/proj bias or positional parameters, so it can be
     windowed without touching the checkpoint: ``window_size`` limits it to non-overlapping
     windows (the map padded, padded keys masked) so detection at 800 x 1333 runs in bounded
-    memory; ``global_blocks`` keeps a few blocks global. Everything else is as in
-    :class:`ConvFormer` (same arguments).
+    memory; ``global_blocks`` keeps a few blocks global. Every other argument is as in
+    :class:`ConvFormer` and passed on.
 
     Args:
         window_size (int | None | Sequence[int | None]): Attention window side in tokens; one
@@ -392,28 +381,15 @@ class CAFormer(MetaFormer):
 
     def __init__(self,
                  arch: Union[str, dict] = 's18',
-                 in_channels: int = 3,
-                 idle_ratio: Union[float, Sequence[float]] = 0.,
                  window_size: Union[None, int, Sequence[Optional[int]]] = (None, None, 14, 7),
                  global_blocks: Optional[Sequence[Sequence[int]]] = None,
                  head_dim: int = 32,
-                 drop_path_rate: float = 0.,
-                 out_norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 **kwargs):
         mixers = ('conv', 'conv', 'attn', 'attn')
         depths = resolve_arch(arch)['depths']
-        super().__init__(arch, mixers, in_channels=in_channels, idle_ratio=idle_ratio,
-                         window_sizes=_window_sizes(window_size, mixers),
+        super().__init__(arch, mixers, window_sizes=_window_sizes(window_size, mixers),
                          global_blocks=_global_blocks(global_blocks, depths, mixers),
-                         head_dim=head_dim, drop_path_rate=drop_path_rate,
-                         out_norm_cfg=out_norm_cfg, out_indices=out_indices,
-                         frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
-                         deploy=deploy, init_cfg=init_cfg)
+                         head_dim=head_dim, **kwargs)
 
 
 _RELEASE_DOWNSAMPLE = re.compile(r'^downsample_layers\.(\d+)\.(pre_norm|post_norm|conv)\.')

@@ -44,15 +44,11 @@ class PRepBNSwin(RePaSwin):
             ``dict(embed_dims=..., depths=..., num_heads=...)``. Default: ``'tiny'``.
         idle_ratio (float | Sequence[float]): Fraction of FFN hidden channels left linear, one
             value or one per stage; 0 is Swin's FFN. Default: 0.
-        attn_types (str, optional): One letter per stage, ``'S'`` (softmax window attention) or
-            ``'L'`` (simplified linear attention). Default: all ``'S'``.
-        linear_window_sizes (int | Sequence[int]): Window side of the ``'L'`` stages.
-            Default: (56, 28, 14, 7).
         prepbn_cfg (dict): The norm config; must be affine at inference (``PRepBN`` or
             ``RepBN``). Default: ``dict(type='PRepBN')``.
-        in_channels, patch_size, window_size, mlp_ratio, qkv_bias, qk_scale, patch_norm,
-        drop_rate, attn_drop_rate, drop_path_rate, act_cfg, out_norm_cfg, out_indices,
-        frozen_stages, norm_eval, with_cp, deploy: As in :class:`RePaSwin`. ``norm_eval``
+        **kwargs: Every other :class:`RePaSwin` argument (``attn_types``,
+            ``linear_window_sizes``, ``drop_path_rate``, ``out_indices``, ``frozen_stages``,
+            ``norm_eval``, ``with_cp``, ``deploy``, mmdet's Swin arguments, ...). ``norm_eval``
             freezes the BatchNorm statistics inside the PRepBNs.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmrepa,
             mmdet and original Swin checkpoints (LayerNorm weights go to the LN branch) and SLAB
@@ -63,41 +59,20 @@ class PRepBNSwin(RePaSwin):
     """
 
     def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 in_channels: int = 3,
-                 patch_size: int = 4,
-                 window_size: int = 7,
-                 mlp_ratio: float = 4.,
+                 arch: Union[str, dict, None] = None,
                  idle_ratio: Union[float, Sequence[float]] = 0.,
-                 attn_types: Optional[str] = None,
-                 linear_window_sizes: Union[int, Sequence[int]] = (56, 28, 14, 7),
-                 qkv_bias: bool = True,
-                 qk_scale: Optional[float] = None,
-                 patch_norm: bool = True,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1,
-                 act_cfg: dict = dict(type='GELU'),
                  prepbn_cfg: dict = dict(type='PRepBN'),
-                 out_norm_cfg: dict = dict(type='LN'),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 **kwargs):
+        for key in ('norm_cfg', 'ffn_norm'):
+            if key in kwargs:
+                raise ValueError(f'PRepBNSwin sets {key} itself (every norm inside the network is '
+                                 f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin')
         if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
             raise ValueError(f'prepbn_cfg must build a norm that is affine at inference '
                              f"(PRepBN, RepBN), got {prepbn_cfg}")
         # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
-        super().__init__(
-            arch=arch, in_channels=in_channels, patch_size=patch_size, window_size=window_size,
-            mlp_ratio=mlp_ratio, idle_ratio=idle_ratio, ffn_norm='LN', attn_types=attn_types,
-            linear_window_sizes=linear_window_sizes, qkv_bias=qkv_bias, qk_scale=qk_scale,
-            patch_norm=patch_norm, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate, act_cfg=act_cfg, norm_cfg=prepbn_cfg,
-            out_norm_cfg=out_norm_cfg, out_indices=out_indices, frozen_stages=frozen_stages,
-            norm_eval=norm_eval, with_cp=with_cp, deploy=deploy, init_cfg=init_cfg)
+        super().__init__(arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg,
+                         **kwargs)
         # In eval mode a RepBN does not normalise until its statistics are learned; with
         # PyTorch's default Linear init the residual stream then grows so large that the
         # attention turns chaotic. Start from Swin's init (init_weights applies it again or

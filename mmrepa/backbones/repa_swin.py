@@ -5,6 +5,7 @@ loads its checkpoints unchanged.
 """
 import math
 import re
+import warnings
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -44,6 +45,63 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
         raise ValueError(f"arch depths {arch['depths']} and num_heads {arch['num_heads']} "
                          'must have one entry per stage')
     return dict(arch)
+
+
+# mmdet SwinTransformer arguments RePaSwin accepts, so that a config can switch a Swin backbone's
+# type without `_delete_=True`; the arch ones override ``arch``.
+MMDET_ARCH_ARGS = ('embed_dims', 'depths', 'num_heads')
+MMDET_OTHER_ARGS = ('pretrain_img_size', 'strides', 'use_abs_pos_embed', 'convert_weights',
+                    'pretrained')
+
+
+def _arch_with_overrides(arch: Union[str, dict, None], overrides: dict) -> dict:
+    """``arch`` (default ``'tiny'``) with mmdet's ``embed_dims``/``depths``/``num_heads``; an
+    explicit ``arch`` they contradict is an error (typically the base config's Swin-T values
+    left under a new ``arch``)."""
+    given = {k: overrides[k] for k in MMDET_ARCH_ARGS if k in overrides}
+    if arch is None:
+        settings = resolve_arch('tiny')
+        settings.update(given)
+        return resolve_arch(settings)
+    settings = resolve_arch(arch)
+    clash = {k: v for k, v in given.items() if tuple(_as_list(v)) != tuple(_as_list(settings[k]))}
+    if clash:
+        raise ValueError(
+            f'arch={arch!r} has {", ".join(f"{k}={settings[k]}" for k in clash)} but '
+            f'{", ".join(f"{k}={v}" for k, v in clash.items())} was also given (mmdet '
+            'SwinTransformer arguments, perhaps inherited from a base config): drop one of '
+            'them, or replace the inherited backbone with _delete_=True')
+    return settings
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _translate_mmdet_swin_args(args: dict, patch_size: int,
+                               init_cfg: Optional[dict]) -> Optional[dict]:
+    """Check mmdet SwinTransformer's other arguments; returns the ``init_cfg`` to use."""
+    unknown = set(args) - set(MMDET_ARCH_ARGS) - set(MMDET_OTHER_ARGS)
+    if unknown:
+        raise TypeError(f'RePaSwin got unexpected arguments {sorted(unknown)}')
+    if args.get('use_abs_pos_embed'):
+        raise ValueError('RePaSwin has no absolute position embedding (use_abs_pos_embed=True); '
+                         'it uses relative position bias only, as mmdet\'s Swin by default')
+    strides = args.get('strides')
+    if strides is not None and tuple(strides) != (patch_size, ) + (2, ) * (len(strides) - 1):
+        raise ValueError(f'strides={tuple(strides)}: RePaSwin embeds patches with stride '
+                         f'patch_size (={patch_size}) and merges 2x2 patches between stages; '
+                         'set patch_size instead')
+    # pretrain_img_size only sizes mmdet's absolute position embedding, which is off; the
+    # checkpoint layout (convert_weights) is recognised from the keys.
+    pretrained = args.get('pretrained')
+    if pretrained is not None:
+        if init_cfg is not None:
+            raise ValueError('give the checkpoint either as init_cfg or as pretrained, not both')
+        warnings.warn('pretrained is deprecated (as in mmdet): use '
+                      "init_cfg=dict(type='Pretrained', checkpoint=...)")
+        init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+    return init_cfg
 
 
 def per_stage(value, num_stages: int, name: str) -> list:
@@ -156,8 +214,9 @@ class RePaSwin(DenseBackbone):
     windows and the patch merging pad as mmdet's Swin does.
 
     Args:
-        arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or
-            ``dict(embed_dims=..., depths=..., num_heads=...)``. Default: ``'tiny'``.
+        arch (str | dict, optional): ``'tiny'``, ``'small'``, ``'base'`` (or ``t/s/b``), or
+            ``dict(embed_dims=..., depths=..., num_heads=...)``. Default: ``'tiny'``, changed
+            by mmdet-style ``embed_dims``/``depths``/``num_heads`` if given.
         in_channels (int): Input image channels. Default: 3.
         patch_size (int): Patch embedding size and stride. Default: 4.
         window_size (int): Attention window side. Default: 7.
@@ -196,12 +255,18 @@ class RePaSwin(DenseBackbone):
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmdet
             Swin, original Swin, RePaViT and mmrepa checkpoints (see
             :func:`checkpoint_filter_fn`); otherwise truncated-normal initialisation.
+        **mmdet_swin_args: mmdet ``SwinTransformer`` arguments, so that a Swin config can change
+            only the backbone's ``type``: ``embed_dims``, ``depths``, ``num_heads`` (the arch;
+            an explicit ``arch`` must agree), ``strides`` (only ``(patch_size, 2, 2, 2)``),
+            ``use_abs_pos_embed`` (only False), ``pretrain_img_size`` (sizes only the absolute
+            embedding, so unused), ``convert_weights`` (unused: the checkpoint layout is
+            recognised from its keys), ``pretrained`` (deprecated, becomes ``init_cfg``).
     """
 
     stem_name = 'patch_embed'
 
     def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
+                 arch: Union[str, dict, None] = None,
                  in_channels: int = 3,
                  patch_size: int = 4,
                  window_size: int = 7,
@@ -224,9 +289,11 @@ class RePaSwin(DenseBackbone):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None,
+                 **mmdet_swin_args):
+        init_cfg = _translate_mmdet_swin_args(mmdet_swin_args, patch_size, init_cfg)
         super().__init__(init_cfg=init_cfg)
-        arch = resolve_arch(arch)
+        arch = _arch_with_overrides(arch, mmdet_swin_args)
         self.embed_dims = arch['embed_dims']
         depths, num_heads = arch['depths'], arch['num_heads']
         self.num_features = [self.embed_dims * 2**i for i in range(len(depths))]
