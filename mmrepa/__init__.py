@@ -1,8 +1,10 @@
 """mmrepa: reparameterizable backbones for OpenMMLab detection and segmentation.
 
-Importing mmrepa registers its backbones, layers and hooks in mmengine's root registries (so
-``type='RePaSwin'`` resolves from the mmdet, mmseg and mmpretrain scopes) and lets torch's
-``weights_only`` loader read mmengine checkpoints. It needs torch, mmengine and mmcv only.
+Importing mmrepa registers its backbones and hooks in mmengine's root registries (so
+``type='RePaSwin'`` resolves from the mmdet, mmseg and mmpretrain scopes), its layers in the
+``mmrepa`` child registry (``type='mmrepa.PRepBN'`` from any scope, see :mod:`mmrepa.registry`),
+and lets torch's ``weights_only`` loader read mmengine checkpoints. It needs torch, mmengine and
+mmcv only.
 """
 from .checkpoint import allow_mmengine_checkpoints
 from .fold import FoldError, reparameterize

@@ -13,13 +13,17 @@ from torch.utils._pytree import tree_flatten
 
 from mmrepa import FoldError, reparameterize
 from mmrepa.layers import SepConv, SquaredReLU, StarReLU, WindowedSelfAttention
+from mmrepa.registry import build_activation_layer as mmrepa_build_activation
 
 from .conftest import max_abs_diff, randomize_
 
 
 def test_star_relu_is_its_formula_with_and_without_autograd():
-    act = build_activation_layer(dict(type='StarReLU', scale_value=0.8944, bias_value=-0.4472))
+    # from any scope through mmcv as 'mmrepa.StarReLU'; by its plain name inside mmrepa
+    act = build_activation_layer(dict(type='mmrepa.StarReLU', scale_value=0.8944,
+                                      bias_value=-0.4472))
     assert isinstance(act, StarReLU)
+    assert isinstance(mmrepa_build_activation(dict(type='StarReLU')), StarReLU)
     x = torch.randn(4, 33, requires_grad=True)
     expected = 0.8944 * torch.clamp(x, min=0)**2 - 0.4472
     y = act(x)  # autograd path

@@ -3,13 +3,13 @@ from typing import Dict, List, Sequence
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_init
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import check_shapes, load_state_dict_checked, read_state_dict
 from ..fold import check_eval_mode, fold_submodules
+from ..registry import build_norm_layer
 
 
 class DenseBackbone(BaseModule):

@@ -12,7 +12,6 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
@@ -21,6 +20,7 @@ from ..checkpoint.loading import strip_prefixes
 from ..fold import check_fold_state
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, checkpoint_forward, num_active_channels)
+from ..registry import build_activation_layer, build_norm_layer
 from .base import DenseBackbone, trunc_normal_init_
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).

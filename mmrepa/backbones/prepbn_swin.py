@@ -9,13 +9,13 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..fold import is_affine_norm
 from ..layers import PRepBN
+from ..registry import build_norm_layer
 from .repa_swin import RePaSwin, checkpoint_filter_fn
 
 

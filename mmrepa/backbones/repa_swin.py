@@ -11,7 +11,6 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
@@ -19,6 +18,7 @@ from ..checkpoint.loading import strip_prefixes
 from ..fold import fold_dtype, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       channels_last_norm, checkpoint_forward, shifted_window_mask)
+from ..registry import build_norm_layer
 from .base import DenseBackbone, trunc_normal_init_
 
 # embed_dims, depths, num_heads of the published Swin variants.

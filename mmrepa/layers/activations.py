@@ -8,7 +8,8 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-from mmengine.registry import MODELS
+
+from ..registry import MODELS
 
 
 def _autograd_needed(*tensors: Optional[torch.Tensor]) -> bool:

@@ -4,14 +4,13 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..fold import check_fold_state, fold_dtype, is_affine_norm, norm_affine
+from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .activations import bare_activation, has_output_affine, output_affine
 
 

@@ -11,7 +11,15 @@ from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..fold import fold_dtype, is_affine_norm, norm_affine
+from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
+
+
+def _with_mmrepa_norm(kwargs: dict) -> dict:
+    """mmcv builds the norm itself: hand it mmrepa's norm classes, not their names."""
+    if kwargs.get('norm_cfg') is not None:
+        kwargs = dict(kwargs, norm_cfg=resolve_layer_type(kwargs['norm_cfg']))
+    return kwargs
 
 
 class _NormFolding:
@@ -70,7 +78,7 @@ class FoldablePatchEmbed(_NormFolding, PatchEmbed):
     _target = 'projection'
 
     def __init__(self, deploy: bool = False, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(**_with_mmrepa_norm(kwargs))
         self.deploy = False
         if deploy:
             self._drop_foldable_norm()
@@ -108,7 +116,7 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
     _target = 'reduction'
 
     def __init__(self, deploy: bool = False, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(**_with_mmrepa_norm(kwargs))
         self.deploy = False
         s = self.sampler
         # Swin's 2x2, stride-2 merging with corner padding gathers with one reshape instead of

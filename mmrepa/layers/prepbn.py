@@ -3,9 +3,9 @@ from typing import Tuple
 
 import torch
 import torch.nn as nn
-from mmengine.registry import MODELS
 
 from ..fold import batchnorm_affine
+from ..registry import MODELS
 
 
 @MODELS.register_module()

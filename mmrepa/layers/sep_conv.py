@@ -3,11 +3,10 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_activation_layer
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 
 from ..fold import FoldError, fold_dtype
+from ..registry import MODELS, build_activation_layer
 from .activations import SquaredReLU, has_output_affine, output_affine
 
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 
+from ..registry import MODELS
 from .window_attention import window_partition, window_reverse
 
 
