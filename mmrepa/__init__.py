@@ -7,7 +7,7 @@ and lets torch's ``weights_only`` loader read mmengine checkpoints. It needs tor
 mmcv only.
 """
 from .checkpoint import allow_mmengine_checkpoints
-from .fold import FoldError, reparameterize
+from .fold import FoldError, FoldReport, fold_model, reparameterize
 from .version import __version__
 
 from . import layers  # noqa: F401,E402  (registers)
@@ -16,4 +16,7 @@ from . import engine  # noqa: F401,E402
 
 allow_mmengine_checkpoints()
 
-__all__ = ['__version__', 'reparameterize', 'FoldError', 'allow_mmengine_checkpoints']
+__all__ = [
+    '__version__', 'reparameterize', 'fold_model', 'FoldReport', 'FoldError',
+    'allow_mmengine_checkpoints'
+]

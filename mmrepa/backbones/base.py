@@ -8,11 +8,11 @@ from mmengine.model.weight_init import constant_init, trunc_normal_init
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import check_shapes, load_state_dict_checked, read_state_dict
-from ..fold import check_eval_mode, fold_submodules
+from ..fold import Reparameterizable, check_eval_mode, fold_submodules
 from ..registry import build_norm_layer
 
 
-class DenseBackbone(BaseModule):
+class DenseBackbone(Reparameterizable, BaseModule):
     """Base of the backbones: ``out_indices`` with one output norm each, ``frozen_stages``,
     ``norm_eval``, ``deploy``, pretrained loading and the fold protocol.
 

@@ -17,7 +17,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
-from ..fold import check_fold_state
+from ..fold import Reparameterizable, check_fold_state
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, checkpoint_forward, num_active_channels)
 from ..registry import build_activation_layer, build_norm_layer
@@ -123,7 +123,7 @@ class MetaFormerMlp(nn.Module):
         return self.fc2(h).view(x.shape)
 
 
-class MetaFormerBlock(BaseModule):
+class MetaFormerBlock(Reparameterizable, BaseModule):
     """``x = r1 * x + mixer(norm1(x))``, then ``x = r2 * x + mlp(norm2(x))``; (B, H, W, C).
 
     ``r1``, ``r2`` (``res_scale1``, ``res_scale2``) exist only with ``res_scale=True``. The MLP

@@ -15,7 +15,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
-from ..fold import fold_dtype, is_affine_norm, norm_affine
+from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       channels_last_norm, checkpoint_forward, shifted_window_mask)
 from ..registry import build_norm_layer
@@ -114,7 +114,7 @@ def per_stage(value, num_stages: int, name: str) -> list:
     return [value] * num_stages
 
 
-class RePaSwinBlock(BaseModule):
+class RePaSwinBlock(Reparameterizable, BaseModule):
     """Swin block: ``x + attn(norm1(x))`` then the FFN (which owns its norm and shortcut).
 
     An affine ``norm1`` (RepBN, PRepBN, BatchNorm) folds into the attention's ``qkv``

@@ -9,7 +9,8 @@ from mmengine.model import BaseModule
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..fold import check_fold_state, fold_dtype, is_affine_norm, norm_affine
+from ..fold import (Reparameterizable, check_fold_state, fold_dtype, is_affine_norm,
+                    norm_affine)
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .activations import bare_activation, has_output_affine, output_affine
 
@@ -80,7 +81,7 @@ def channels_last_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 @MODELS.register_module()
-class ChannelIdleFFN(BaseModule):
+class ChannelIdleFFN(Reparameterizable, BaseModule):
     """Feed-forward network whose hidden channels are mostly idle (linear), RePaFormer style.
 
     Training structure, on tokens ``x`` of shape (..., C) with hidden width ``h = mlp_ratio * C``

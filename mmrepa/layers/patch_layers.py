@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..fold import fold_dtype, is_affine_norm, norm_affine
+from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
 
@@ -22,7 +22,7 @@ def _with_mmrepa_norm(kwargs: dict) -> dict:
     return kwargs
 
 
-class _NormFolding:
+class _NormFolding(Reparameterizable):
     """``reparameterize`` of a patch layer whose affine ``norm`` folds into the layer named
     ``_target``; :meth:`_fold` says how (the norm comes after a conv, before a Linear)."""
 

@@ -5,13 +5,13 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
-from ..fold import FoldError, fold_dtype
+from ..fold import FoldError, Reparameterizable, fold_dtype
 from ..registry import MODELS, build_activation_layer
 from .activations import SquaredReLU, has_output_affine, output_affine
 
 
 @MODELS.register_module()
-class SepConv(BaseModule):
+class SepConv(Reparameterizable, BaseModule):
     """Pointwise -> StarReLU -> depthwise k x k -> pointwise (MobileNetV2's inverted block).
 
     Works on channels-last tokens: x (B, H, W, C) -> (B, H, W, C). Parameter names follow

@@ -1,73 +1,11 @@
-"""The reparameterization protocol and the arithmetic shared by every fold.
-
-A module that can be folded implements ``reparameterize()``: it replaces its training-time
-structure by the equivalent inference structure, in place, and does nothing when called again.
-:func:`reparameterize` folds every such submodule of a model, deepest first.
-"""
-import inspect
-from typing import Iterator, Optional, Tuple
+"""The arithmetic shared by every fold, and the check that a checkpoint has the right form."""
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-
-class FoldError(RuntimeError):
-    """A model cannot be folded as it is; the message says why and what to do."""
-
-
-def is_foldable(module: nn.Module) -> bool:
-    """Whether ``module`` implements the protocol: ``reparameterize()`` callable without arguments."""
-    fn = getattr(module, 'reparameterize', None)
-    if not callable(fn):
-        return False
-    params = inspect.signature(fn).parameters.values()
-    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in params)
-
-
-def _post_order(module: nn.Module, prefix: str = '') -> Iterator[Tuple[str, nn.Module]]:
-    for name, child in module.named_children():
-        yield from _post_order(child, f'{prefix}.{name}' if prefix else name)
-    yield prefix, module
-
-
-def fold_submodules(model: nn.Module) -> None:
-    """Fold every foldable submodule of ``model`` (not ``model`` itself), deepest first."""
-    # Snapshot first: folding replaces children while we walk.
-    for name, module in list(_post_order(model)):
-        if module is model or not is_foldable(module):
-            continue
-        try:
-            module.reparameterize()
-        except FoldError as err:
-            raise FoldError(f'cannot fold {name} ({type(module).__name__}): {err}') from err
-
-
-def check_eval_mode(model: nn.Module) -> None:
-    """Refuse a model that is (partly) in training mode: folds read BatchNorm running
-    statistics, which are only what the model computes in eval mode."""
-    training = [name or type(model).__name__ for name, m in _post_order(model)
-                if m.training and (m is model or is_foldable(m) or isinstance(m, _BatchNorm))]
-    if training:
-        raise FoldError(
-            'reparameterize() needs a model in eval mode: folding uses BatchNorm running '
-            f'statistics, but {len(training)} module(s) are in training mode (first: '
-            f'{training[0]}). Call model.eval() first.')
-
-
-def reparameterize(model: nn.Module) -> nn.Module:
-    """Fold ``model`` for inference, in place, and return it.
-
-    Every submodule implementing ``reparameterize()`` is folded, deepest first. Folding reads
-    BatchNorm running statistics, so the model must be in eval mode (``model.eval()``).
-    Calling this again on a folded model changes nothing.
-    """
-    check_eval_mode(model)
-    fold_submodules(model)
-    if is_foldable(model):
-        model.reparameterize()
-    return model
+from .protocol import FoldError
 
 
 def fold_dtype(t: torch.Tensor) -> torch.dtype:
