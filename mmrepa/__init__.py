@@ -6,7 +6,7 @@ Importing mmrepa registers its backbones and hooks in mmengine's root registries
 and lets torch's ``weights_only`` loader read mmengine checkpoints. It needs torch, mmengine and
 mmcv only.
 """
-from .checkpoint import allow_mmengine_checkpoints
+from .checkpoint import allow_mmengine_checkpoints, install_restricted_loader
 from .fold import FoldError, FoldReport, fold_model, reparameterize
 from .version import __version__
 
@@ -15,6 +15,7 @@ from . import backbones  # noqa: F401,E402
 from . import engine  # noqa: F401,E402
 
 allow_mmengine_checkpoints()
+install_restricted_loader()
 
 __all__ = [
     '__version__', 'reparameterize', 'fold_model', 'FoldReport', 'FoldError',

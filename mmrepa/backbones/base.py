@@ -90,7 +90,8 @@ class DenseBackbone(Reparameterizable, BaseModule):
 
     def init_weights(self):
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            self.load_pretrained(self.init_cfg['checkpoint'])
+            self.load_pretrained(self.init_cfg['checkpoint'],
+                                 use_ema=self.init_cfg.get('use_ema', False))
             self._is_init = True
             return
         super().init_weights()
@@ -104,12 +105,14 @@ class DenseBackbone(Reparameterizable, BaseModule):
         """A checkpoint's state dict in this backbone's names (the family's converter)."""
         raise NotImplementedError
 
-    def load_pretrained(self, filename: str) -> None:
-        """Load any layout :meth:`filter_checkpoint` understands. Only the output norms
-        (classification checkpoints have one final norm) and :meth:`optional_keys` may be
-        missing; other missing keys, and tensors of another shape, are errors."""
+    def load_pretrained(self, filename: str, use_ema: bool = False) -> None:
+        """Load any layout :meth:`filter_checkpoint` understands (``use_ema``: the
+        checkpoint's EMA weights, e.g. ``init_cfg=dict(type='Pretrained', checkpoint=...,
+        use_ema=True)``). Only the output norms (classification checkpoints have one final
+        norm) and :meth:`optional_keys` may be missing; other missing keys, and tensors of
+        another shape, are errors."""
         source = str(filename)
-        state_dict = self.filter_checkpoint(read_state_dict(filename))
+        state_dict = self.filter_checkpoint(read_state_dict(filename, use_ema=use_ema))
         load_state_dict_checked(
             self, state_dict, source=source,
             may_be_missing=['norm[0-9]*', *self.optional_keys(state_dict, source)])

@@ -1,7 +1,11 @@
-from .loading import LoadReport, check_shapes, load_state_dict_checked, read_state_dict, strip_prefixes
+from .loading import (LoadReport, check_shapes, load_state_dict_checked, read_state_dict,
+                      strip_prefixes)
+from .restricted_load import (CheckpointError, ForeignConfig, ForeignGlobalError,
+                              ForeignNamespace, install_restricted_loader, load_checkpoint_file)
 from .safe_globals import allow_mmengine_checkpoints
 
 __all__ = [
     'LoadReport', 'check_shapes', 'load_state_dict_checked', 'read_state_dict', 'strip_prefixes',
-    'allow_mmengine_checkpoints'
+    'allow_mmengine_checkpoints', 'CheckpointError', 'ForeignConfig', 'ForeignGlobalError',
+    'ForeignNamespace', 'install_restricted_loader', 'load_checkpoint_file'
 ]

@@ -21,15 +21,35 @@ class LoadReport(NamedTuple):
     unexpected: List[str]     # in the checkpoint, not used
 
 
-def read_state_dict(filename: str) -> Dict[str, torch.Tensor]:
-    """Read a checkpoint (path, URL or ``open-mmlab://`` etc.) and return its state dict.
+# Where each project's checkpoints keep their weights: mmengine (mmdet, mmseg, mmpretrain,
+# mmrepa) and timm train.py (sail-sg/metaformer) 'state_dict'; RePaViT/DeiT, SLAB and Microsoft
+# Swin 'model'. EMA weights: timm 'state_dict_ema', RePaViT/DeiT 'model_ema'; mmengine's EMAHook
+# already saves the averaged weights as 'state_dict' (and the raw ones as 'ema_state_dict').
+WEIGHT_KEYS = ('state_dict', 'model', 'module')
+EMA_KEYS = ('state_dict_ema', 'model_ema')
 
-    Accepts mmengine checkpoints (``state_dict``), classification releases (``model``) and
-    plain state dicts.
+
+def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """Read a checkpoint (path, URL or ``open-mmlab://`` etc.) and return its weights.
+
+    Takes the weights from any layout in :data:`WEIGHT_KEYS` (or a plain state dict) and ignores
+    the rest (optimizer, arguments, configs). ``use_ema``: the EMA weights instead
+    (:data:`EMA_KEYS`, or mmengine's ``state_dict``, which holds them already); a checkpoint
+    without them is an error that lists its keys.
     """
     ckpt = CheckpointLoader.load_checkpoint(filename, map_location='cpu')
-    for key in ('state_dict', 'model', 'module'):
-        if isinstance(ckpt, dict) and isinstance(ckpt.get(key), dict):
+    if not isinstance(ckpt, dict):
+        raise ValueError(f'{filename} holds a {type(ckpt).__name__}, not a state dict or a '
+                         'checkpoint dict')
+    if use_ema:
+        keys = EMA_KEYS + (('state_dict', ) if 'ema_state_dict' in ckpt else ())
+        found = [k for k in keys if isinstance(ckpt.get(k), dict)]
+        if not found:
+            raise KeyError(f'{filename} has no EMA weights (its keys: {sorted(ckpt)[:12]}); '
+                           'load it without use_ema')
+        return ckpt[found[0]]
+    for key in WEIGHT_KEYS:
+        if isinstance(ckpt.get(key), dict):
             return ckpt[key]
     return ckpt
 
