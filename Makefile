@@ -4,7 +4,8 @@
 VENV := .venv
 PYTHON ?= $(VENV)/bin/python
 BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
-# two single-threaded workers use 2 cores better than one worker with 2 threads
+# two single-threaded workers use 2 cores better than one worker with 2 threads; a file runs
+# on one worker, so module fixtures (trained models) are built once
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
@@ -23,7 +24,7 @@ demo: install
 	$(PYTHON) tools/demo.py
 
 test: install-tests
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf work_dirs/demo data/demo_shapes
