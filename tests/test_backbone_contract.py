@@ -73,7 +73,8 @@ def test_folding_keeps_frozen_stages_frozen(name, frozen_stages):
     free = tuple(f'stages.{i}.' for i in range(frozen_stages, model.num_stages))
     for state in ('built', 'folded'):
         if state == 'folded':
-            reparameterize(model.eval())
+            model.train().switch_to_deploy()  # in training mode, as mmdeploy calls it
+            model.eval()
         assert not _trainable(model, frozen), f'{state}: frozen parameters are trainable'
         assert _trainable(model, free), f'{state}: the stages after the frozen ones are frozen'
         assert all(not m.training for k, m in model.named_modules()

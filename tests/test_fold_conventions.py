@@ -79,6 +79,28 @@ def test_mmpretrain_converter_call_sequence_folds_an_mmrepa_classifier(tmp_path)
         assert max_abs_diff(deployed(x), ref) < 1e-4
 
 
+def test_mmdeploy_build_pytorch_model_sequence_folds_before_eval(tmp_path):
+    """mmdeploy's ``build_pytorch_model``: build (training mode), ``load_checkpoint``,
+    ``revert_sync_batchnorm``, ``model.backbone.switch_to_deploy()``, then ``eval()``."""
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.runner import load_checkpoint
+    reference = torch.nn.Module()
+    reference.backbone = randomize_(BACKBONES['repa_caformer']())
+    path = str(tmp_path / 'model.pth')
+    torch.save(dict(state_dict=reference.state_dict()), path)
+    model = torch.nn.Module()
+    model.backbone = BACKBONES['repa_caformer']()
+    load_checkpoint(model, path)
+    model = revert_sync_batchnorm(model)
+    assert model.training
+    model.backbone.switch_to_deploy()
+    assert model.backbone.training and model.backbone.deploy  # its mode is left as it was
+    model.eval()
+    x = torch.randn(1, 3, 40, 52)
+    with torch.no_grad():
+        assert max_abs_diff(model.backbone(x), reference.eval().backbone(x)) < 1e-4
+
+
 def test_generic_switch_to_deploy_loop_folds_a_whole_model():
     """RepVGG's ``repvgg_model_convert`` and mmyolo-style utilities: every module that has
     ``switch_to_deploy`` gets it called, outermost first."""

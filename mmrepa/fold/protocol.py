@@ -48,9 +48,21 @@ class Reparameterizable:
     """Mixin of mmrepa's foldable modules: ``switch_to_deploy()`` is ``reparameterize()``."""
 
     def switch_to_deploy(self) -> None:
-        """The same as :meth:`reparameterize` (in place, idempotent, sets ``deploy``), under
-        the name mmpretrain's converter, mmyolo's ``SwitchToDeployHook`` and mmdeploy call."""
-        self.reparameterize()
+        """:meth:`reparameterize` (in place, idempotent, sets ``deploy``) under the name
+        mmpretrain's converter, mmyolo-style utilities and mmdeploy call. Those callers may
+        not have called ``eval()`` yet (mmdeploy folds right after loading the checkpoint), so
+        the fold runs in eval mode, reading the BatchNorm running statistics as
+        ``reparameterize`` does, and every module gets its training flag back afterwards."""
+        modes = {module: module.training for module in self.modules()}
+        self.eval()
+        try:
+            self.reparameterize()
+        finally:
+            def restore(module, inherited):  # a module the fold created takes its parent's
+                module.training = modes.get(module, inherited)
+                for child in module.children():
+                    restore(child, module.training)
+            restore(self, modes[self])
 
 
 def _callable_without_arguments(fn) -> bool:
