@@ -1,26 +1,11 @@
-# Mask R-CNN, multi-scale 3x, with a CAFormer-S18 backbone: the MetaFormer paper's setup
-# (AdamW, multi-scale training, 3x), on mmdet's Swin recipe
-# (configs/swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py).
-_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
-custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
+# Mask R-CNN, multi-scale 3x, with a CAFormer-S18 backbone: the ConvFormer-S18 config (same
+# recipe) with CAFormer, whose stages 3-4 mix tokens with self-attention.
+_base_ = './mask-rcnn_convformer_s18_ms-3x_coco.py'
 
-# ImageNet-1k weights in timm's format (e.g. convformer_s18.sail_in1k) or the original
-# release's; see the README for where to get them.
 pretrained = 'checkpoints/caformer_s18.sail_in1k.pth'
 model = dict(
     backbone=dict(
-        _delete_=True,
         type='CAFormer',
-        arch='s18',
-        idle_ratio=0.0,
         # windows = the 224-pretraining token grids: bounded memory at 800 x 1333
         window_size=(None, None, 14, 7),
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))
-
-# AdamW lr 1e-4, wd 0.05 from the base; no decay on norms, scales and biases (timm's rule)
-optim_wrapper = dict(paramwise_cfg=dict(flat_decay_mult=0.))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))

@@ -5,7 +5,10 @@
 # Recipe of mmdet's configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py (AdamW, lr 1e-4, wd 0.05).
 # From a PRepBN ImageNet checkpoint (already pure RepBN) instead: point init_cfg at it, set
 # norm_eval=True and keep lambda at 0 with dict(type='PRepBNScheduleHook', decay_iters=0).
-_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
+_base_ = [
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
+    './_base_/schedules/swin_adamw_1x.py', 'mmdet::_base_/default_runtime.py'
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth'  # noqa
@@ -30,19 +33,3 @@ custom_hooks = [
     # the final weights (and drop-path off) before the last checkpoint and validation
     dict(type='BNRecalibrationHook', num_batches=500),
 ]
-
-max_epochs = 12
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
-         gamma=0.1)
-]
-optim_wrapper = dict(
-    type='OptimWrapper',
-    paramwise_cfg=dict(custom_keys={
-        'relative_position_bias_table': dict(decay_mult=0.),
-        'norm': dict(decay_mult=0.)
-    }),
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999),
-                   weight_decay=0.05))

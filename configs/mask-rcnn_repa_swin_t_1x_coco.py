@@ -1,6 +1,10 @@
 # Mask R-CNN 1x with a RePa-Swin-T backbone, recipe of mmdet's
-# configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py (AdamW, lr 1e-4, wd 0.05).
-_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
+# configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py (AdamW, lr 1e-4, wd 0.05): mmdet's
+# mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py with the Swin schedule in place of schedule_1x.py.
+_base_ = [
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
+    './_base_/schedules/swin_adamw_1x.py', 'mmdet::_base_/default_runtime.py'
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'checkpoints/repa_swin_tiny_in1k.pth'
@@ -17,19 +21,3 @@ model = dict(
         with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     neck=dict(in_channels=[96, 192, 384, 768]))
-
-max_epochs = 12
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
-         gamma=0.1)
-]
-optim_wrapper = dict(
-    type='OptimWrapper',
-    paramwise_cfg=dict(custom_keys={
-        'relative_position_bias_table': dict(decay_mult=0.),
-        'norm': dict(decay_mult=0.)
-    }),
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999),
-                   weight_decay=0.05))

@@ -1,27 +1,11 @@
-# UperNet 160k on ADE20K 512x512 with a CAFormer-S18 backbone: the MetaFormer paper's setup
-# (AdamW, batch 16, 160k iterations), on mmseg's Swin recipe
-# (configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py).
-_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
+# UperNet 160k on ADE20K 512x512 with a CAFormer-S18 backbone: the ConvFormer-S18 config (same
+# recipe) with CAFormer, whose stages 3-4 mix tokens with self-attention.
+_base_ = './upernet_convformer_s18_512x512_160k_ade20k.py'
 
-# ImageNet-1k weights in timm's format (e.g. convformer_s18.sail_in1k) or the original
-# release's; see the README for where to get them.
 pretrained = 'checkpoints/caformer_s18.sail_in1k.pth'
 model = dict(
     backbone=dict(
-        _delete_=True,
         type='CAFormer',
-        arch='s18',
-        idle_ratio=0.0,
         # global attention: 32 x 32 and 16 x 16 tokens at 512 x 512
         window_size=None,
-        drop_path_rate=0.3,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    decode_head=dict(in_channels=[64, 128, 320, 512]),
-    auxiliary_head=dict(in_channels=320))
-
-# AdamW lr 6e-5, wd 0.01 from the base; no decay on norms, scales and biases (timm's rule)
-optim_wrapper = dict(paramwise_cfg=dict(flat_decay_mult=0.))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))

@@ -1,7 +1,9 @@
 """Building a model from any mmrepa config, for the tools (mmdet and mmseg configs alike)."""
+import argparse
 import copy
 import importlib
 import os
+import os.path as osp
 import subprocess
 import tempfile
 from typing import Iterator, Optional, Union
@@ -10,7 +12,7 @@ import mmcv
 import numpy as np
 import torch
 import torch.nn as nn
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.dataset import Compose, pseudo_collate
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
@@ -58,6 +60,39 @@ def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_custom_imports(cfg)
+    return cfg
+
+
+def tool_argument_parser(description: str, distributed: bool = True) -> argparse.ArgumentParser:
+    """A parser with the arguments the runner tools share: ``config`` (the first positional;
+    add the tool's own after it), ``--work-dir``, ``--cfg-options`` and, if ``distributed``,
+    ``--launcher`` and ``--local_rank``. Apply them with :func:`tool_config`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--work-dir', help='where logs (and checkpoints) go; default: the '
+                        "config's work_dir, else ./work_dirs/CONFIG_NAME")
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. model.backbone.idle_ratio=0.5 '
+                        'train_dataloader.batch_size=8')
+    if distributed:
+        parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                            default='none', help='job launcher for distributed runs')
+        # torch.distributed.launch passes --local-rank (older: --local_rank)
+        parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    return parser
+
+
+def tool_config(args: argparse.Namespace) -> Config:
+    """The config of :func:`tool_argument_parser`'s arguments: :func:`load_config` with
+    ``--cfg-options``, ``work_dir`` (``--work-dir``, else the config's, else
+    ``./work_dirs/CONFIG_NAME``) and ``launcher``. Builds nothing and starts no process group
+    (call :func:`setup_cpu_distributed` when the tool is ready to)."""
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
+        './work_dirs', osp.splitext(osp.basename(args.config))[0])
+    if hasattr(args, 'launcher'):
+        cfg.launcher = args.launcher
+        os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return cfg
 
 

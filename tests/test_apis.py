@@ -1,9 +1,10 @@
+import os
 import os.path as osp
 
 import pytest
 from mmengine.config import Config
 
-from mmrepa.apis import check_custom_imports, load_config
+from mmrepa.apis import check_custom_imports, load_config, tool_argument_parser, tool_config
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -22,3 +23,34 @@ def test_configs_that_import_mmrepa_or_do_not_use_it_pass():
     check_custom_imports(Config.fromfile(
         osp.join(ROOT, 'configs', 'retinanet_repa_swin_b_1x_coco.py')))
     check_custom_imports(Config(dict(model=dict(type='RetinaNet'))))
+
+
+def test_tool_arguments_and_config(tmp_path, monkeypatch):
+    config = osp.join(ROOT, 'configs', 'retinanet_repa_swin_t_1x_coco.py')
+    parser = tool_argument_parser('a tool')
+    parser.add_argument('checkpoint')
+    args = parser.parse_args([config, 'ckpt.pth', '--cfg-options', 'model.backbone.idle_ratio=0.5',
+                              '--launcher', 'pytorch', '--local-rank', '3'])
+    monkeypatch.delenv('LOCAL_RANK', raising=False)
+    cfg = tool_config(args)
+    assert args.checkpoint == 'ckpt.pth'
+    assert cfg.model.backbone.idle_ratio == 0.5
+    assert cfg.launcher == 'pytorch' and os.environ['LOCAL_RANK'] == '3'
+    assert cfg.work_dir == osp.join('./work_dirs', 'retinanet_repa_swin_t_1x_coco')
+    # --work-dir first, then the config's own work_dir
+    assert tool_config(parser.parse_args([config, 'c', '--work-dir', 'w'])).work_dir == 'w'
+    own = tmp_path / 'own.py'
+    own.write_text(f"_base_ = '{config}'\nwork_dir = 'mine'\n")
+    assert tool_config(parser.parse_args([str(own), 'c'])).work_dir == 'mine'
+
+
+def test_tools_without_a_launcher_still_check_custom_imports(tmp_path):
+    parser = tool_argument_parser('a tool', distributed=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(['x.py', '--launcher', 'pytorch'])
+    path = tmp_path / 'no_import.py'
+    path.write_text("model = dict(backbone=dict(type='RePaSwin'))\n")
+    args = parser.parse_args([str(path)])
+    assert not hasattr(args, 'launcher')
+    with pytest.raises(ValueError, match='does not import mmrepa'):
+        tool_config(args)

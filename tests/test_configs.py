@@ -1,4 +1,9 @@
-"""Every config builds, and its model runs one loss step and one predict step on a small input."""
+"""Every config builds, and its model runs one loss step and one predict step on a small input.
+
+One config per backbone family runs at full size; the others run with their backbone shrunk to a
+tiny arch of the same type (every other option, the neck and the heads as configured), after
+their full-size backbone is built and checked against the channels the neck or heads expect.
+"""
 import copy
 import glob
 import os.path as osp
@@ -7,13 +12,29 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import DefaultScope
+from mmengine.registry import MODELS, DefaultScope
 
 import mmrepa
 
+from .conftest import TINY_ARCH
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True))
+CONFIGS = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+                 if '_base_' not in p.split(osp.sep))  # fragments are not whole configs
 H, W = 96, 128
+
+# the configs that run at full size: one per backbone family (the cheapest of each)
+FULL_SIZE = {
+    'retinanet_repa_swin_t_1x_coco.py',  # RePaSwin
+    'retinanet_swin_t_1x_coco.py',  # vanilla (mmdet) Swin: RePaSwin with idle_ratio=0, LN
+    'retinanet_caformer_s18_1x_coco.py',  # published ConvFormer / CAFormer (both token mixers)
+    'retinanet_repa_caformer_s18_1x_coco.py',  # RePa ConvFormer / CAFormer
+    'retinanet_slab_swin_t_1x_coco.py',  # PRepBNSwin with linear attention (SLAB)
+}
+# the rest: same structure, small widths; stages 3-4 stay multiples of CAFormer's head_dim 32
+METAFORMER_TINY = dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96))
+TINY_ARCHS = {'RePaSwin': TINY_ARCH, 'PRepBNSwin': TINY_ARCH, 'ConvFormer': METAFORMER_TINY,
+              'CAFormer': METAFORMER_TINY}
 
 
 def det_inputs(with_mask):
@@ -52,6 +73,52 @@ def shrink(cfg):
     return cfg
 
 
+def _feature_users(model_cfg):
+    """(config dict, indices into the backbone outputs) of what reads the backbone's features:
+    the neck (all outputs, in order), or the decode / auxiliary heads (their ``in_index``)."""
+    if model_cfg.get('neck'):
+        return [(model_cfg.neck, None)]
+    users = []
+    for key in ('decode_head', 'auxiliary_head'):
+        heads = model_cfg.get(key) or []
+        for head in heads if isinstance(heads, list) else [heads]:
+            users.append((head, head.get('in_index', -1)))
+    return users
+
+
+def feature_channels(model_cfg):
+    """The backbone output channels the neck / heads of ``model_cfg`` are configured for."""
+    return [user.in_channels for user, _ in _feature_users(model_cfg)]
+
+
+def set_feature_channels(model_cfg, outputs):
+    """Make the neck / heads take ``outputs`` (channels of each backbone output)."""
+    for user, index in _feature_users(model_cfg):
+        user.in_channels = (list(outputs) if index is None else
+                            [outputs[i] for i in index] if isinstance(index, (list, tuple))
+                            else outputs[index])
+
+
+def backbone_outputs(backbone):
+    return [backbone.num_features[i] for i in backbone.out_indices]
+
+
+def shrink_backbone(cfg):
+    """Build the config's full-size backbone and check that the neck / heads expect its channels;
+    then give the model a tiny arch of the same backbone type, the neck / heads following."""
+    backbone = MODELS.build(cfg.model.backbone)
+    outputs = backbone_outputs(backbone)
+    consistent = copy.deepcopy(cfg.model)
+    set_feature_channels(consistent, outputs)
+    assert feature_channels(cfg.model) == feature_channels(consistent), (
+        f'the neck / heads are configured for {feature_channels(cfg.model)}, the backbone gives '
+        f'{outputs} (out_indices {backbone.out_indices})')
+    cfg.model.backbone.arch = TINY_ARCHS[cfg.model.backbone.type]
+    tiny = MODELS.build(cfg.model.backbone)
+    set_feature_channels(cfg.model, backbone_outputs(tiny))
+    return cfg
+
+
 def build(cfg):
     scope = cfg.default_scope
     registry = __import__(f'{scope}.registry', fromlist=['MODELS'])
@@ -66,6 +133,7 @@ def test_every_config_is_covered():
         assert f'retinanet_swin_{size}_1x_coco.py' in names
         assert f'upernet_repa_swin_{size}_512x512_160k_ade20k.py' in names
     assert len(CONFIGS) >= 25
+    assert FULL_SIZE <= names  # a renamed one would silently run shrunk
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, ROOT))
@@ -75,6 +143,9 @@ def test_config_builds_and_runs_loss_and_predict(path):
     backbone = cfg.model.backbone
     if backbone.get('init_cfg'):
         assert backbone.init_cfg.type == 'Pretrained'
+    if osp.basename(path) not in FULL_SIZE and isinstance(backbone.get('arch'), str) \
+            and backbone.type in TINY_ARCHS:
+        cfg = shrink_backbone(cfg)
     model = build(shrink(cfg))
     assert type(model.backbone).__module__.startswith('mmrepa.')
     if cfg.default_scope == 'mmseg':

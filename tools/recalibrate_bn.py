@@ -5,39 +5,36 @@
 Builds the model and the training data loader of CONFIG, loads CHECKPOINT's ``state_dict``,
 recalibrates the backbone's BatchNorm statistics over N training batches with drop-path off
 (``mmrepa.engine.recalibrate_model_bn``) and writes OUT.pth: the same checkpoint with the new
-statistics.
+statistics. Before building anything it checks that the training data and CHECKPOINT exist.
 """
-import argparse
-
 import torch
-from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
+from mmrepa.apis import tool_argument_parser, tool_config
 from mmrepa.engine import recalibrate_model_bn
+from mmrepa.tool_inputs import check_inputs
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config', help='config file (its train_dataloader is used)')
+    # one process: the statistics are averaged on this process's batches only
+    parser = tool_argument_parser(__doc__.strip().splitlines()[0], distributed=False)
     parser.add_argument('checkpoint', help='checkpoint to recalibrate')
     parser.add_argument('out', help='where to write the recalibrated checkpoint')
     parser.add_argument('--num-batches', type=int, default=200, metavar='N',
                         help='training batches to average the statistics over (default 200)')
-    parser.add_argument('--work-dir', default='work_dirs/recalibrate_bn',
-                        help='where the runner logs')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, e.g. train_dataloader.batch_size=8')
+    # its own log dir: the config's work_dir may hold the training run
+    parser.set_defaults(work_dir='work_dirs/recalibrate_bn')
     return parser.parse_args()
 
 
 def main():
     args = parse_args()
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.work_dir = args.work_dir
+    cfg = tool_config(args)
     cfg.load_from, cfg.resume = None, False
+    check_inputs(cfg, 'tools/recalibrate_bn.py', splits=('train', ),
+                 checkpoints=[('checkpoint to recalibrate', 'CHECKPOINT argument',
+                               args.checkpoint)])
     runner = Runner.from_cfg(cfg)
     ckpt = torch.load(args.checkpoint, map_location='cpu')
     if 'state_dict' not in ckpt:

@@ -4,27 +4,23 @@
 
 With ``--reparam`` the ReparameterizeHook folds the backbone after the checkpoint is loaded,
 checks the folded outputs against the original on a test batch and logs the per-image latency
-of both before testing the folded model.
+of both before testing the folded model. Before building anything it checks that the test data
+and CHECKPOINT exist (the backbone's pretrained weights are not read when testing).
 """
-import argparse
 import json
-import os
-import os.path as osp
 
-from mmengine.config import DictAction
 from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import load_config, setup_cpu_distributed
+from mmrepa.apis import setup_cpu_distributed, tool_argument_parser, tool_config
+from mmrepa.tool_inputs import check_inputs
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config', help='config file')
+    parser = tool_argument_parser(__doc__.strip().splitlines()[0])
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--work-dir', help='where logs and metrics go')
     parser.add_argument('--reparam', action='store_true',
                         help='fold the model before testing (ReparameterizeHook)')
     parser.add_argument('--latency-batches', type=int, default=10, metavar='N',
@@ -32,24 +28,16 @@ def parse_args():
                         '(0 to skip timing)')
     parser.add_argument('--dump-metrics', metavar='FILE.json',
                         help='also write the metrics to this JSON file')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, e.g. test_dataloader.batch_size=2')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher for distributed testing')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parser.parse_args()
 
 
 def main():
     args = parse_args()
-    cfg = load_config(args.config, args.cfg_options)
-    cfg.launcher = args.launcher
-    setup_cpu_distributed(cfg)
-    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
-        './work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg = tool_config(args)
     cfg.load_from = args.checkpoint
+    check_inputs(cfg, 'tools/test.py', splits=('test', ),
+                 checkpoints=[('checkpoint to test', 'CHECKPOINT argument', args.checkpoint)])
+    setup_cpu_distributed(cfg)
     if args.reparam:
         cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
             dict(type='ReparameterizeHook', verify=True,

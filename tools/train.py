@@ -1,43 +1,29 @@
 """Train a detector or segmentor from an mmdet / mmseg config (mmrepa backbones included).
 
     python tools/train.py configs/retinanet_repa_swin_b_1x_coco.py [--work-dir DIR] [--resume]
-"""
-import argparse
-import os
-import os.path as osp
 
-from mmengine.config import DictAction
+Before building anything it checks that the data, the pretrained weights and ``load_from``
+exist, and names every missing path.
+"""
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import load_config, setup_cpu_distributed
+from mmrepa.apis import setup_cpu_distributed, tool_argument_parser, tool_config
+from mmrepa.tool_inputs import check_inputs
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config', help='config file')
-    parser.add_argument('--work-dir', help='where logs and checkpoints go')
+    parser = tool_argument_parser(__doc__.strip().splitlines()[0])
     parser.add_argument('--amp', action='store_true', help='automatic mixed precision')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CHECKPOINT',
                         help='resume from CHECKPOINT, or from the latest one in the work dir')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, e.g. model.backbone.idle_ratio=0.5')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher for distributed training')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args()
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parser.parse_args()
 
 
 def main():
     args = parse_args()
-    cfg = load_config(args.config, args.cfg_options)
-    cfg.launcher = args.launcher
-    setup_cpu_distributed(cfg)
-    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
-        './work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg = tool_config(args)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
@@ -45,6 +31,11 @@ def main():
         cfg.resume, cfg.load_from = True, None
     elif args.resume:
         cfg.resume, cfg.load_from = True, args.resume
+    # init_weights reads the Pretrained checkpoints before load_from / resume, so both count
+    what = 'checkpoint to resume from' if cfg.get('resume') else 'checkpoint to start from'
+    check_inputs(cfg, 'tools/train.py', splits=('train', 'val'), pretrained=True,
+                 checkpoints=[(what, 'load_from', cfg.get('load_from'))])
+    setup_cpu_distributed(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
 

@@ -1,0 +1,153 @@
+"""Check, before anything is built, that the files a tool will read exist.
+
+A newcomer's first run usually lacks the data set or the ImageNet weights; without this check it
+ends in a long traceback from deep inside pycocotools or the checkpoint loader, after the model
+and the data loaders were built. ``check_inputs`` names every missing path at once instead.
+"""
+import os.path as osp
+import re
+from typing import Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+from mmengine.config import Config
+from mmengine.fileio import join_path
+from mmengine.utils import is_abs
+
+README_SECTION = 'README.md "Data and checkpoints"'
+
+# URLs and mmengine's checkpoint shorthands (open-mmlab://, torchvision://, mmcls://, s3://, ...)
+_REMOTE = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
+
+_PREFIX_NAMES = {'img': 'image directory', 'img_path': 'image directory',
+                 'seg': 'segmentation map directory',
+                 'seg_map_path': 'segmentation map directory'}
+
+
+class MissingInput(NamedTuple):
+    """A path a tool needs that does not exist."""
+    what: str  # e.g. 'train annotation file'
+    key: str  # where it comes from, e.g. 'train_dataloader.dataset.ann_file'
+    path: str
+
+    def __str__(self) -> str:
+        return f'missing {self.what}: {self.path} ({self.key}; see {README_SECTION})'
+
+
+def is_remote(path: str) -> bool:
+    """True for URLs and ``scheme://`` paths, which are fetched, not read from disk."""
+    return bool(_REMOTE.match(path))
+
+
+def _dataset_paths(ds, key: str, split: str) -> Iterator[Tuple[str, str, str]]:
+    """(what, key, path) of every local path a dataset config reads, joined with ``data_root``
+    exactly as mmengine's ``BaseDataset._join_prefix`` joins them; wrappers are followed."""
+    if not isinstance(ds, dict):
+        return
+    # RepeatDataset / ClassBalancedDataset / MultiImageMixDataset wrap one, ConcatDataset many
+    if isinstance(ds.get('dataset'), dict):
+        yield from _dataset_paths(ds['dataset'], f'{key}.dataset', split)
+    for i, sub in enumerate(ds.get('datasets') or []):
+        yield from _dataset_paths(sub, f'{key}.datasets.{i}', split)
+    data_root = ds.get('data_root') or ''
+    if ds.get('backend_args') or is_remote(data_root):
+        return  # another storage backend (or a path mapping): the paths are not local files
+    if data_root:
+        yield f'{split} data root', f'{key}.data_root', data_root
+    ann_file = ds.get('ann_file') or ''
+    if isinstance(ann_file, str) and ann_file:
+        if not is_abs(ann_file) and data_root:
+            ann_file = join_path(data_root, ann_file)
+        yield f'{split} annotation file', f'{key}.ann_file', ann_file
+    prefix = ds.get('data_prefix') or {}
+    if isinstance(prefix, str):  # mmpretrain accepts a bare image prefix
+        prefix = dict(img_path=prefix)
+    for name, value in prefix.items():
+        if not isinstance(value, str) or not value:
+            continue  # '' is data_root itself; anything else fails in the dataset anyway
+        if not is_abs(value) and data_root:
+            value = join_path(data_root, value)
+        what = _PREFIX_NAMES.get(name, f'data_prefix.{name} directory')
+        yield f'{split} {what}', f'{key}.data_prefix.{name}', value
+
+
+def _evaluator_paths(evaluator, key: str, split: str) -> Iterator[Tuple[str, str, str]]:
+    """Annotation files that metrics read when they are built (e.g. mmdet's CocoMetric)."""
+    metrics = evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]
+    for i, metric in enumerate(metrics):
+        if isinstance(metric, dict) and isinstance(metric.get('ann_file'), str) \
+                and metric['ann_file'] and not metric.get('backend_args'):
+            sub = key if isinstance(evaluator, dict) else f'{key}.{i}'
+            yield f'{split} evaluator annotation file', f'{sub}.ann_file', metric['ann_file']
+
+
+def _pretrained_paths(node, key: str) -> Iterator[Tuple[str, str, str]]:
+    """``init_cfg=dict(type='Pretrained', checkpoint=...)`` anywhere in the model config."""
+    if isinstance(node, dict):
+        kind = node.get('type')
+        if isinstance(kind, str) and kind.split('.')[-1] == 'Pretrained' \
+                and isinstance(node.get('checkpoint'), str):
+            parts = key.split('.')
+            owner = parts[1] if len(parts) > 2 and parts[1] != 'init_cfg' else 'model'
+            yield f'{owner} pretrained checkpoint', f'{key}.checkpoint', node['checkpoint']
+        for name, value in node.items():
+            yield from _pretrained_paths(value, f'{key}.{name}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _pretrained_paths(value, f'{key}.{i}')
+
+
+def _split_configured(cfg: Config, split: str) -> bool:
+    if not cfg.get(f'{split}_dataloader'):
+        return False
+    # mmengine's Runner validates only when all three are given
+    return split != 'val' or (bool(cfg.get('val_cfg')) and cfg.get('val_evaluator') is not None)
+
+
+def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: bool = False,
+                        checkpoints: Iterable[Tuple[str, str, Optional[str]]] = ()
+                        ) -> List[MissingInput]:
+    """The local paths a tool will read that do not exist, each once, in config order.
+
+    Args:
+        cfg: the config, with the tool's overrides applied.
+        splits: the data loaders the tool uses (``'train'``, ``'val'``, ``'test'``): data roots,
+            annotation files, ``data_prefix`` directories and evaluator annotation files. A
+            ``'val'`` or ``'test'`` split the config does not set up is skipped.
+        pretrained: also the ``Pretrained`` ``init_cfg`` checkpoints in ``cfg.model`` (read by
+            ``init_weights`` when training starts).
+        checkpoints: more ``(what, where it comes from, path)`` to check, e.g. ``load_from``;
+            ``None`` paths are skipped.
+
+    URLs (``http(s)://``, ``open-mmlab://``, ``torchvision://``, ...) are not checked.
+    """
+    found = []
+    for split in splits:
+        if not _split_configured(cfg, split):
+            continue
+        found += _dataset_paths(cfg[f'{split}_dataloader'].get('dataset'),
+                                f'{split}_dataloader.dataset', split)
+        found += _evaluator_paths(cfg.get(f'{split}_evaluator'), f'{split}_evaluator', split)
+    if pretrained:
+        found += _pretrained_paths(cfg.get('model'), 'model')
+    found += [c for c in checkpoints if c[2]]
+    missing, seen = [], set()
+    for what, key, path in found:
+        local = osp.expanduser(path) if what.endswith('checkpoint') else path
+        if is_remote(path) or path in seen or osp.exists(local):
+            continue
+        seen.add(path)
+        missing.append(MissingInput(what, key, path))
+    return missing
+
+
+def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
+    """:func:`find_missing_inputs`; if anything is missing, exit with one line per path.
+
+    Raises ``SystemExit`` (status 1, message on stderr, no traceback) naming each missing path,
+    the config key it comes from and the README section that says how to get it.
+    """
+    missing = find_missing_inputs(cfg, **kwargs)
+    if missing:
+        count = '1 input' if len(missing) == 1 else f'{len(missing)} inputs'
+        header = (f'{tool}: {count} of {cfg.filename} missing, nothing was built (point to '
+                  'another path with --cfg-options KEY=PATH):')
+        raise SystemExit('\n'.join([header] + [str(m) for m in missing]))
