@@ -1,4 +1,4 @@
-"""A hook for the distributed tests: every rank saves its own copy of the weights."""
+"""A hook for the distributed tests: every rank saves its own copy of the weights and buffers."""
 import os.path as osp
 
 import torch
@@ -12,5 +12,6 @@ class SaveRankWeightsHook(Hook):
 
     def after_train(self, runner):
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        params = {k: v.detach().clone() for k, v in model.named_parameters()}
-        torch.save(params, osp.join(runner.work_dir, f'rank{runner.rank}_params.pth'))
+        # buffers too: BatchNorm statistics are not synchronized by DDP's gradient reduction
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        torch.save(state, osp.join(runner.work_dir, f'rank{runner.rank}_params.pth'))

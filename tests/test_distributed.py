@@ -2,6 +2,7 @@
 import json
 import os
 import os.path as osp
+import re
 import socket
 import subprocess
 import sys
@@ -40,7 +41,8 @@ def setup(tmp_path_factory):
     config.write_text(f"""
 _base_ = '{DEMO}'
 custom_imports = dict(imports=['mmrepa', 'tests.dist_hooks'], allow_failed_imports=False)
-custom_hooks = [dict(type='SaveRankWeightsHook')]
+custom_hooks = [dict(type='BNRecalibrationHook', num_batches=2),
+                dict(type='SaveRankWeightsHook')]
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
 train_cfg = dict(max_epochs=2, val_interval=2)
 model = dict(test_cfg=dict(score_thr=0.0))
@@ -57,11 +59,16 @@ test_evaluator = val_evaluator
 
 
 def assert_ranks_identical(work):
+    """Weights and buffers; the BatchNorm statistics each rank recalibrated on its own batches
+    (BNRecalibrationHook) are averaged over the ranks."""
     r0 = torch.load(osp.join(work, 'rank0_params.pth'))
     r1 = torch.load(osp.join(work, 'rank1_params.pth'))
     assert r0.keys() == r1.keys() and len(r0) > 10
+    assert any(k.endswith('running_var') for k in r0)
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k
+    # 2 batches on each rank
+    assert {int(v) for k, v in r0.items() if k.endswith('num_batches_tracked')} == {4}
 
 
 def test_two_process_training_keeps_the_ranks_identical(setup):
@@ -88,11 +95,14 @@ def test_two_process_folded_test_matches_single_process(setup):
     log = run('tools/dist_test.sh', config, ckpt, '2', '--work-dir', str(root / 'test2'),
               '--reparam', '--latency-batches', '2', '--dump-metrics', dist_out)
     assert 'reparameterized the model for testing' in log
+    # fold parity: the hook's check of the whole model's outputs on a test batch
+    errors = [float(e) for e in re.findall(r'max relative error (\S+)', log)]
+    assert errors and max(errors) < 1e-4, log[-3000:]
     proc = subprocess.run([sys.executable, 'tools/test.py', config, ckpt, '--work-dir',
-                           str(root / 'test1'), '--dump-metrics', single_out], cwd=ROOT,
-                          capture_output=True, text=True,
+                           str(root / 'test1'), '--reparam', '--dump-metrics', single_out],
+                          cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT))  # for tests.dist_hooks
     assert proc.returncode == 0, proc.stderr[-3000:]
     dist, single = json.load(open(dist_out)), json.load(open(single_out))
     assert 'coco/bbox_mAP' in single
-    assert dist == single
+    assert dist == single  # the 2 ranks' results are gathered into one process's metric

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
-from mmengine.hooks import Hook
+from mmengine.hooks import EMAHook, Hook
 from mmengine.runner import Runner
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa.backbones import PRepBNSwin
 from mmrepa.datasets import make_shapes_coco
-from mmrepa.engine import PRepBNScheduleHook, recalibrate_bn
+from mmrepa.engine import PRepBNScheduleHook, recalibrate_bn, recalibrate_model_bn
 from mmrepa.layers import PRepBN
 
 from .conftest import TINY_ARCH, randomize_
@@ -44,17 +44,24 @@ class LambdaRecorder(Hook):
 
 def prepbn_cfg(data_root, work_dir, **overrides):
     """The demo detector with a PRepBN-Swin backbone: 2 epochs of 4 iterations, gradient
-    checkpointing, accumulation over 2 iterations, the schedule and the recalibration hook."""
+    checkpointing, accumulation over 2 iterations, the schedule, EMA and the recalibration
+    hook."""
     cfg = demo_cfg(data_root, work_dir, **overrides)
     cfg.model.backbone = dict(
         type='PRepBNSwin', arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
         window_size=4, out_indices=(1, 2, 3), drop_path_rate=0.1, with_cp=True, init_cfg=None)
     cfg.model.neck.in_channels = [32, 64, 128]
     cfg.train_dataloader.batch_size = 2
+    # batches that repeat when the loader is iterated again: no random flips, and no
+    # AspectRatioBatchSampler (its buckets carry items over from an abandoned iteration)
+    cfg.train_dataloader.dataset.pipeline[3].prob = 0.0
+    cfg.train_dataloader.batch_sampler = None
     cfg.train_cfg.val_interval = 100  # no validation: not what is tested here
     cfg.optim_wrapper.accumulative_counts = 2
     cfg.default_hooks.checkpoint.update(interval=1, max_keep_ckpts=2)
+    # EMA's averages (momentum 0.2) are far from the trained weights after 8 iterations
     cfg.custom_hooks = [dict(type='PRepBNScheduleHook', warmup_iters=2, decay_ratio=0.5),
+                        dict(type='EMAHook', momentum=0.2),
                         dict(type='BNRecalibrationHook', num_batches=3)]
     return cfg
 
@@ -96,12 +103,51 @@ def test_lambda_is_saved_and_resume_continues_the_schedule(trained, tmp_path):
     assert resumed_values == values[4:]
 
 
+def bn_statistics(state):
+    return {k: v for k, v in state.items() if k.endswith(STATS)}
+
+
+def recalibrated(runner, state):
+    """The statistics ``recalibrate_model_bn`` gives the model with ``state``'s weights, on the
+    batches the hook used (the training loader repeats them: no flips, same sampler epoch)."""
+    model = copy.deepcopy(runner.model)
+    model.load_state_dict(state)
+    recalibrate_model_bn(model, runner.train_dataloader, 3)
+    return bn_statistics(model.state_dict())
+
+
 def test_recalibration_hook_runs_before_the_final_checkpoint(trained):
     _, cfg, runner, _ = trained
     state = torch.load(osp.join(cfg.work_dir, 'epoch_2.pth'), map_location='cpu')['state_dict']
     counts = {int(v) for k, v in state.items() if k.endswith('num_batches_tracked')}
     assert counts == {3}  # reset, then averaged over num_batches=3 (training counted 8+)
-    assert {m.momentum for m in runner.model.modules() if isinstance(m, _BatchNorm)} == {0.1}
+    ema = next(h for h in runner.hooks if isinstance(h, EMAHook)).ema_model.module
+    for model in (runner.model, ema):
+        assert {m.momentum for m in model.modules() if isinstance(m, _BatchNorm)} == {0.1}
+
+
+def test_recalibration_reaches_the_deployed_ema_weights(trained):
+    """EMAHook saves its averages as the checkpoint's state_dict: that model, with its own
+    weights, is the one recalibrated."""
+    _, cfg, runner, _ = trained
+    ckpt = torch.load(osp.join(cfg.work_dir, 'epoch_2.pth'), map_location='cpu')
+    deployed = ckpt['state_dict']
+    trained_weights = {k[len('module.'):]: v for k, v in ckpt['ema_state_dict'].items()
+                       if k.startswith('module.')}
+    assert not torch.equal(deployed['neck.fpn_convs.0.conv.weight'],
+                           trained_weights['neck.fpn_convs.0.conv.weight'])  # EMA is on
+    expected = recalibrated(runner, deployed)
+    assert expected.keys() == bn_statistics(deployed).keys() and expected
+    for k, v in expected.items():
+        torch.testing.assert_close(deployed[k], v, rtol=1e-5, atol=1e-6, msg=k)
+    # statistics of the trained (not averaged) weights differ: the check above can tell
+    other = recalibrated(runner, trained_weights)
+    assert max((other[k].double() - v.double()).abs().max().item()
+               for k, v in expected.items() if 'running_' in k) > 1e-3
+    # validation and testing in this process swap in the EMA parameters only (buffers stay):
+    # the training model carries the same statistics
+    for k, v in bn_statistics(runner.model.state_dict()).items():
+        assert torch.equal(v, deployed[k]), k
 
 
 def test_recalibration_tool(trained, tmp_path):

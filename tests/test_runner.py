@@ -1,4 +1,5 @@
 """End to end with mmengine's Runner: checkpoints under weights_only, the reparameterize hook."""
+import copy
 import io
 import os.path as osp
 import pickle
@@ -6,9 +7,10 @@ import pickle
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-import mmrepa  # noqa: F401
+import mmrepa
 from mmrepa.datasets import make_shapes_coco
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
@@ -90,42 +92,187 @@ def test_resume_continues_from_the_checkpoint(trained, tmp_path):
     assert runner.epoch == 3 and runner.iter == 6
 
 
-def run_test(data_root, ckpt, work_dir, hooks=()):
-    cfg = demo_cfg(data_root, work_dir, load_from=ckpt)
+def make_runner(data_root, ckpt, work_dir, hooks=(), **overrides):
+    cfg = demo_cfg(data_root, work_dir, load_from=ckpt, **overrides)
     cfg.custom_hooks = list(hooks)
-    runner = Runner.from_cfg(cfg)
+    return Runner.from_cfg(cfg)
+
+
+def run_test(data_root, ckpt, work_dir, hooks=(), **overrides):
+    runner = make_runner(data_root, ckpt, work_dir, hooks, **overrides)
     return runner, runner.test()
 
 
-def test_reparameterize_hook_keeps_the_metric_and_restores_the_model(trained, tmp_path):
+def the_hook(runner):
+    from mmrepa.engine import ReparameterizeHook
+    return next(h for h in runner.hooks if isinstance(h, ReparameterizeHook))
+
+
+def is_folded(model):
+    return not hasattr(model.backbone.stages[0].blocks[0].ffn, 'fc1')
+
+
+def tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = [out[k] for k in sorted(out)]
+    return [t for o in out for t in tensors(o)]
+
+
+class ModelUnderTest(Hook):
+    """Records, on the first test batch, the model under test and its outputs in tensor mode
+    (the detector's head outputs), and what ``probe`` returns at every test iteration."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, probe=None):
+        self.probe, self.seen = probe, []
+        self.state = self.outputs = self.folded = None
+
+    def before_test_iter(self, runner, batch_idx, data_batch=None):
+        if self.probe is not None:
+            self.seen.append(self.probe(runner))
+        if batch_idx == 0:
+            model = runner.model
+            self.folded = is_folded(model)
+            self.state = {k: v.clone() for k, v in model.state_dict().items()}
+            with torch.no_grad():
+                data = model.data_preprocessor(copy.deepcopy(data_batch), False)
+                self.outputs = tensors(model(**data, mode='tensor'))
+
+
+def relative_error(ref, out):
+    """Largest difference of each tensor relative to its largest magnitude."""
+    assert len(ref) == len(out) > 1
+    return max(((r - o).abs().max() / r.abs().max()).item() for r, o in zip(ref, out))
+
+
+def test_reparameterize_hook_tests_the_folded_model_and_restores_it(trained, tmp_path):
     data_root, ckpt = trained
-    _, plain = run_test(data_root, ckpt, str(tmp_path / 'plain'))
-    hook = dict(type='ReparameterizeHook', verify=True, measure_latency=True, num_batches=2,
-                warmup=1)
-    runner, folded = run_test(data_root, ckpt, str(tmp_path / 'folded'), [hook])
-    assert folded == plain
-    rep = next(h for h in runner.hooks if type(h).__name__ == 'ReparameterizeHook')
-    r = rep.results
+    plain = ModelUnderTest()
+    runner = make_runner(data_root, ckpt, str(tmp_path / 'plain'))
+    runner.register_hook(plain)
+    runner.test()
+    folded = ModelUnderTest()
+    runner = make_runner(data_root, ckpt, str(tmp_path / 'folded'),
+                         [dict(type='ReparameterizeHook')])
+    runner.register_hook(folded)
+    runner.test()
+    assert folded.folded and not plain.folded
+    assert relative_error(plain.outputs, folded.outputs) < 1e-4  # every head output
+    r = the_hook(runner).results
     assert r['verify_rel_error'] < 1e-4
     assert r['params_after'] < r['params_before']
-    assert r['ms_per_image_before'] > 0 and r['ms_per_image_after'] > 0
-    assert hasattr(runner.model.backbone.stages[0].blocks[0].ffn, 'fc1')  # restored
+    assert not is_folded(runner.model)  # restored
 
 
-def test_reparameterize_hook_folds_after_ema(trained, tmp_path):
+def test_latency_is_per_image_of_each_batch(trained, tmp_path, monkeypatch):
+    """Batches of 3 and 1 images; a fake clock charges 4 ms per image before folding and 2 ms
+    after, so every batch's time divided by its own size is exactly that."""
+    data_root, ckpt = trained
+    from mmrepa.utils import latency
+    calls = []
+
+    def fake_time_call(fn, device=None):
+        images = len(fn())  # test_step returns one data sample per image
+        calls.append(images)
+        return (4.0 if len(calls) % 2 else 2.0) * images  # before, after, before, ...
+
+    monkeypatch.setattr(latency, 'time_call', fake_time_call)
+    hook = dict(type='ReparameterizeHook', verify=False, measure_latency=True, num_batches=2,
+                warmup=1)
+    runner, _ = run_test(data_root, ckpt, str(tmp_path), [hook],
+                         test_dataloader=dict(batch_size=3))  # 4 images: batches of 3 and 1
+    assert sorted(calls) == [1, 1, 3, 3]
+    r = the_hook(runner).results
+    assert r['ms_per_image_before'] == pytest.approx(4.0)
+    assert r['ms_per_image_after'] == pytest.approx(2.0)
+    assert r['change_percent'] == pytest.approx(-50.0)
+
+
+def test_the_original_model_waits_on_the_cpu(trained, tmp_path, monkeypatch):
+    """As if the model were on an accelerator: it moves to the CPU while the folded copy is
+    tested, and back after."""
+    data_root, ckpt = trained
+    from mmrepa.engine.hooks import reparameterize_hook
+    accelerator, moves = torch.device('cuda', 1), []
+    monkeypatch.setattr(reparameterize_hook, '_device_of', lambda model: accelerator)
+    monkeypatch.setattr(reparameterize_hook, '_move',
+                        lambda model, device: moves.append((model, device)))
+    recorder = ModelUnderTest(probe=lambda runner: list(moves))
+    runner = make_runner(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
+    runner.register_hook(recorder)
+    original = runner.model
+    runner.test()
+    cpu = torch.device('cpu')
+    assert recorder.folded and recorder.seen == [[(original, cpu)]] * 4
+    assert moves == [(original, cpu), (original, accelerator)]
+    assert runner.model is original
+
+
+class Fails(Hook):
+    priority = 'LOWEST'
+
+    def after_test_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if batch_idx == 1:
+            raise RuntimeError('failed during the test')
+
+
+@pytest.mark.parametrize('where', ['iteration', 'evaluator'])
+def test_the_original_model_comes_back_when_testing_fails(trained, tmp_path, monkeypatch, where):
+    data_root, ckpt = trained
+    if where == 'evaluator':
+        from mmengine.evaluator import Evaluator
+
+        def evaluate(self, size):
+            raise RuntimeError('failed during the test')
+
+        monkeypatch.setattr(Evaluator, 'evaluate', evaluate)
+    runner = make_runner(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
+    if where == 'iteration':
+        runner.register_hook(Fails())
+    original = runner.model
+    with pytest.raises(RuntimeError, match='failed during the test'):
+        runner.test()
+    assert runner.model is original and not is_folded(runner.model)
+
+
+def test_reparameterize_hook_folds_the_ema_weights(trained, tmp_path):
+    """Train with EMA, then test the resumed run (its model holds the trained weights, EMA the
+    averages): the folded model tested is the fold of the averages."""
     data_root, ckpt = trained
     ema = dict(type='EMAHook', momentum=0.5)
-    # a checkpoint with EMA weights: train one more epoch with the EMA hook
-    cfg = demo_cfg(data_root, str(tmp_path / 'ema_train'), train_cfg=dict(max_epochs=1),
+    cfg = demo_cfg(data_root, str(tmp_path / 'train'), train_cfg=dict(max_epochs=1),
                    load_from=ckpt)
     cfg.custom_hooks = [ema]
     Runner.from_cfg(cfg).train()
-    ema_ckpt = str(tmp_path / 'ema_train' / 'epoch_1.pth')
-    assert 'ema_state_dict' in torch.load(ema_ckpt, map_location='cpu')
-    _, with_ema = run_test(data_root, ema_ckpt, str(tmp_path / 'a'), [ema])
-    runner, both = run_test(data_root, ema_ckpt, str(tmp_path / 'b'),
-                            [ema, dict(type='ReparameterizeHook')])
-    assert both == with_ema
+    ema_ckpt = torch.load(str(tmp_path / 'train' / 'epoch_1.pth'), map_location='cpu')
+    # in a resumed run (unlike one that loads the checkpoint) model and EMA hold different
+    # weights; a run that trained and then tests does not help: EMAHook.before_run copies the
+    # model into a new EMA before testing
+    recorder = ModelUnderTest()
+    runner = make_runner(data_root, str(tmp_path / 'train' / 'epoch_1.pth'),
+                         str(tmp_path / 'test'), [ema, dict(type='ReparameterizeHook')],
+                         resume=True)
+    runner.register_hook(recorder)
+    runner.test()
+
+    def folded_with(state):
+        model = copy.deepcopy(runner.model)
+        model.load_state_dict(state)
+        return mmrepa.reparameterize(model.eval()).state_dict()
+
+    averaged = folded_with(ema_ckpt['state_dict'])  # EMAHook saves the averages there
+    trained_weights = folded_with({k[len('module.'):]: v
+                                   for k, v in ema_ckpt['ema_state_dict'].items()
+                                   if k.startswith('module.')})
+    assert recorder.folded and recorder.state.keys() == averaged.keys()
+    k = 'neck.fpn_convs.0.conv.weight'
+    assert not torch.allclose(averaged[k], trained_weights[k])  # the test can tell them apart
+    for k, v in averaged.items():
+        torch.testing.assert_close(recorder.state[k], v, rtol=1e-6, atol=1e-7, msg=k)
+    assert not is_folded(runner.model)
 
 
 def test_verify_catches_a_wrong_fold(trained, tmp_path, monkeypatch):
@@ -140,6 +287,25 @@ def test_verify_catches_a_wrong_fold(trained, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ChannelIdleFFN, 'reparameterize', broken)
     with pytest.raises(RuntimeError, match='folded model disagrees'):
+        run_test(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
+
+
+def test_verify_checks_the_whole_model_not_only_the_backbone(trained, tmp_path, monkeypatch):
+    """An error after the backbone (here: in the box regression head of the folded copy) is
+    caught too."""
+    data_root, ckpt = trained
+    from mmrepa.engine.hooks import reparameterize_hook
+    fold = reparameterize_hook.reparameterize
+
+    def fold_and_break_the_head(model):
+        model = fold(model)
+        with torch.no_grad():
+            bias = model.bbox_head.retina_reg.bias
+            bias.add_(1e-3 * (bias.abs().max() + 1))
+        return model
+
+    monkeypatch.setattr(reparameterize_hook, 'reparameterize', fold_and_break_the_head)
+    with pytest.raises(RuntimeError, match=r'folded model disagrees.*output\[1\]'):
         run_test(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
 
 

@@ -2,8 +2,9 @@
 
     python tools/reparameterize.py CONFIG CHECKPOINT OUT [--force]
 
-OUT holds the folded weights (``state_dict``) and ``meta.mmrepa.deploy = True``. Load it with
-the same config and the backbone built folded:
+OUT holds the folded weights (``state_dict``) and the input's ``meta`` (class names and the
+rest of ``dataset_meta``, which mmdet's ``init_detector`` reads) with ``meta.mmrepa.deploy =
+True`` added. Load it with the same config and the backbone built folded:
 
     python tools/test.py CONFIG OUT --cfg-options model.backbone.deploy=True
 
@@ -18,6 +19,7 @@ import tempfile
 
 import torch
 from mmengine.config import DictAction
+from mmengine.runner import load_checkpoint
 
 import mmrepa
 from mmrepa.apis import init_model
@@ -39,9 +41,13 @@ def main(argv=None):
         sys.exit(f'OUT is the input checkpoint {args.checkpoint}; choose another path')
     if osp.exists(args.out) and not args.force:
         sys.exit(f'{args.out} exists; pass --force to replace it')
-    model = init_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
+    model = init_model(args.config, cfg_options=args.cfg_options)
+    # loaded here rather than by init_model: the checkpoint's meta is kept
+    checkpoint = load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)
+    model.eval()
     mmrepa.reparameterize(model)
-    meta = dict(mmrepa=dict(deploy=True, version=mmrepa.__version__,
+    meta = dict(checkpoint.get('meta') or {})
+    meta.update(mmrepa=dict(deploy=True, version=mmrepa.__version__,
                             source=osp.abspath(args.checkpoint)),
                 config=model.cfg.pretty_text)
     out_dir = osp.dirname(osp.abspath(args.out))

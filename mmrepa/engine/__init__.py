@@ -1,7 +1,7 @@
-from .hooks import (BNRecalibrationHook, PRepBNScheduleHook, ReparameterizeHook, recalibrate_bn,
-                    recalibrate_model_bn)
+from .hooks import (BNRecalibrationHook, PRepBNScheduleHook, ReparameterizeHook,
+                    average_bn_statistics, recalibrate_bn, recalibrate_model_bn)
 
 __all__ = [
-    'BNRecalibrationHook', 'PRepBNScheduleHook', 'ReparameterizeHook', 'recalibrate_bn',
-    'recalibrate_model_bn'
+    'BNRecalibrationHook', 'PRepBNScheduleHook', 'ReparameterizeHook', 'average_bn_statistics',
+    'recalibrate_bn', 'recalibrate_model_bn'
 ]

@@ -1,8 +1,9 @@
-from .bn_recalibration_hook import BNRecalibrationHook, recalibrate_bn, recalibrate_model_bn
+from .bn_recalibration_hook import (BNRecalibrationHook, average_bn_statistics, recalibrate_bn,
+                                    recalibrate_model_bn)
 from .prepbn_schedule_hook import PRepBNScheduleHook, prepbn_lambda
 from .reparameterize_hook import ReparameterizeHook
 
 __all__ = [
-    'BNRecalibrationHook', 'recalibrate_bn', 'recalibrate_model_bn', 'PRepBNScheduleHook',
-    'prepbn_lambda', 'ReparameterizeHook'
+    'BNRecalibrationHook', 'average_bn_statistics', 'recalibrate_bn', 'recalibrate_model_bn',
+    'PRepBNScheduleHook', 'prepbn_lambda', 'ReparameterizeHook'
 ]
