@@ -13,7 +13,6 @@ import torch
 from mmrepa.datasets import make_shapes_coco
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
-pytestmark = pytest.mark.xdist_group('test_distributed')
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')

@@ -21,7 +21,6 @@ from .conftest import TINY_ARCH, randomize_
 from .test_runner import ROOT, demo_cfg
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
-pytestmark = pytest.mark.xdist_group('test_prepbn_hooks')
 
 STATS = ('running_mean', 'running_var', 'num_batches_tracked')
 LAM_KEY = 'backbone.stages.0.blocks.0.norm1.lam'

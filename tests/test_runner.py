@@ -14,7 +14,6 @@ import mmrepa
 from mmrepa.datasets import make_shapes_coco
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
-pytestmark = pytest.mark.xdist_group('test_runner')
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')

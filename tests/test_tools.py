@@ -12,7 +12,6 @@ import torch
 from mmrepa.datasets import make_shapes_coco
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
-pytestmark = pytest.mark.xdist_group('test_tools')
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
@@ -240,3 +239,33 @@ def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
     assert 'mIoU' in metrics['plain']
     assert metrics['folded'].keys() == metrics['plain'].keys()
     assert verify_error(log) < 1e-4  # the segmentor's logits, folded vs original
+
+
+def test_a_foreign_reparameterizable_backbone_is_folded_by_its_own_convention(trained):
+    """RetinaNet with mmpretrain's RepVGG-A0: ``--reparam`` folds it with mmpretrain's
+    ``switch_to_deploy`` (its ``reparameterize`` only returns tensors) to mmpretrain's count."""
+    from mmrepa.apis import init_model
+    root, options, _ = trained
+    config = osp.join(ROOT, 'configs', 'demo', 'retinanet_repvgg_shapes.py')
+    work = str(root / 'repvgg')
+    run_tool('tools/train.py', config, '--work-dir', work, '--cfg-options', *options,
+             'train_cfg.max_epochs=1', 'train_cfg.val_interval=2', 'train_dataloader.batch_size=4')
+    ckpt = osp.join(work, 'epoch_1.pth')
+    theirs = init_model(config, ckpt)
+    before = sum(p.numel() for p in theirs.parameters())
+    theirs.backbone.switch_to_deploy()
+    after = sum(p.numel() for p in theirs.parameters())
+    metrics, logs = {}, {}
+    for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '0'])):
+        out = str(root / f'repvgg_{name}.json')
+        logs[name] = run_tool('tools/test.py', config, ckpt, '--work-dir', work, '--dump-metrics',
+                              out, *flags, '--cfg-options', *options)
+        with open(out) as f:
+            metrics[name] = json.load(f)
+    log = logs['folded']
+    assert verify_error(log) < 1e-4
+    assert 'folded 22 x RepVGGBlock' in log and 'folded 1 x RepVGG' in log
+    row = re.search(r'parameters \(M\)\s+(\S+)\s+(\S+)', log)
+    assert (row.group(1), row.group(2)) == (f'{before / 1e6:.2f}', f'{after / 1e6:.2f}')
+    assert after < before - 790_000  # the branches of 22 blocks are gone
+    assert metrics['folded']['coco/bbox_mAP'] == metrics['plain']['coco/bbox_mAP']

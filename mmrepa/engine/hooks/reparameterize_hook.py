@@ -11,12 +11,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import BaseLoop
 
-from ...fold import reparameterize
+from ...fold import fold_model
 from ...utils.latency import time_interleaved
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -121,9 +117,11 @@ class ReparameterizeHook(Hook):
         wrapper = runner.model if is_model_wrapper(runner.model) else None
         model = wrapper.module if wrapper is not None else runner.model
         model.eval()
-        folded = reparameterize(copy.deepcopy(model))
-        self.results = dict(params_before=count_parameters(model),
-                            params_after=count_parameters(folded))
+        report = fold_model(copy.deepcopy(model), logger=None)
+        folded = report.model
+        self.results = dict(params_before=report.params_before,
+                            params_after=report.params_after, folded=report.folded,
+                            not_folded=report.unfolded)
         if self.verify or self.measure_latency:
             batches = list(itertools.islice(runner.test_dataloader,
                                             max(1, self.num_batches if self.measure_latency
@@ -235,5 +233,9 @@ class ReparameterizeHook(Hook):
                             f"{r['ms_per_image_after']:.1f}", f"{r['change_percent']:+.1f} %"))
         lines = [f"{'':<22}{'before':>10}{'after':>10}{'change':>10}"]
         lines += [f'{a:<22}{b:>10}{c:>10}{d:>10}' for a, b, c, d in rows]
+        lines += [f'folded {n} x {kind}' for kind, n in sorted(r['folded'].items())]
         runner.logger.info('ReparameterizeHook: reparameterized the model for testing\n' +
                            '\n'.join(lines))
+        if r['not_folded']:
+            runner.logger.warning('ReparameterizeHook: these modules may not be folded: ' +
+                                  '; '.join(r['not_folded']))
