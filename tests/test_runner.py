@@ -294,16 +294,16 @@ def test_verify_checks_the_whole_model_not_only_the_backbone(trained, tmp_path, 
     caught too."""
     data_root, ckpt = trained
     from mmrepa.engine.hooks import reparameterize_hook
-    fold = reparameterize_hook.reparameterize
+    fold = reparameterize_hook.fold_model
 
-    def fold_and_break_the_head(model):
-        model = fold(model)
+    def fold_and_break_the_head(model, **kwargs):
+        report = fold(model, **kwargs)
         with torch.no_grad():
-            bias = model.bbox_head.retina_reg.bias
+            bias = report.model.bbox_head.retina_reg.bias
             bias.add_(1e-3 * (bias.abs().max() + 1))
-        return model
+        return report
 
-    monkeypatch.setattr(reparameterize_hook, 'reparameterize', fold_and_break_the_head)
+    monkeypatch.setattr(reparameterize_hook, 'fold_model', fold_and_break_the_head)
     with pytest.raises(RuntimeError, match=r'folded model disagrees.*output\[1\]'):
         run_test(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
 
