@@ -6,6 +6,7 @@ import os
 import os.path as osp
 import subprocess
 import tempfile
+import warnings
 from typing import Iterator, Optional, Union
 
 import mmcv
@@ -17,6 +18,8 @@ from mmengine.dataset import Compose, pseudo_collate
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
+
+from .fold import reparameterize
 
 
 def _mmrepa_types() -> set:
@@ -130,14 +133,96 @@ def setup_cpu_distributed(cfg: Config) -> None:
     cfg.model_wrapper_cfg = wrapper
 
 
+def _num_classes(cfg: Config) -> Optional[int]:
+    """The number of classes the config's model predicts (its main head's ``num_classes``)."""
+    model = cfg.model
+    heads = [model.get('decode_head'), model.get('bbox_head')]
+    roi = (model.get('roi_head') or {}).get('bbox_head')
+    heads.append(roi[-1] if isinstance(roi, (list, tuple)) else roi)  # cascade: the last stage
+    for head in heads:
+        if isinstance(head, dict) and isinstance(head.get('num_classes'), int):
+            return head['num_classes']
+    return None
+
+
+def _config_dataset_meta(cfg: Config, registry) -> dict:
+    """The metainfo (classes, palette) of the config's test data set, built lazily (no
+    annotation is read), as mmdet's ``init_detector`` finds its palette; ``{}`` if the config
+    has no data set that builds."""
+    for loader in ('test_dataloader', 'val_dataloader', 'train_dataloader'):
+        dataset = (cfg.get(loader) or {}).get('dataset')
+        if not isinstance(dataset, dict):
+            continue
+        dataset = copy.deepcopy(dataset)
+        dataset['lazy_init'] = True
+        try:
+            return dict(registry.DATASETS.build(dataset).metainfo)
+        except Exception:  # noqa: BLE001  a data set type the scope lacks, a wrapper, ...
+            continue
+    return {}
+
+
+def _random_palette(n: int) -> list:
+    # fixed seed: the same colours on every run and in every tool
+    rng = np.random.default_rng(42)
+    return [tuple(int(c) for c in rng.integers(0, 256, 3)) for _ in range(n)]
+
+
+def _dataset_meta(cfg: Config, registry, checkpoint: Optional[dict],
+                  checkpoint_path: Optional[str]) -> dict:
+    """``model.dataset_meta`` for mmdet's and mmseg's inference and visualizers: the
+    checkpoint's ``meta['dataset_meta']`` (what the runner saved from the training set), else
+    the config's test data set, else class names made from the head's ``num_classes``. A
+    checkpoint without class names is warned about. Always has ``classes`` and a palette
+    list of the same length (mmseg's visualizer indexes it; mmdet's accepts a list)."""
+    meta = (checkpoint or {}).get('meta') or {}
+    if 'dataset_meta' in meta:
+        found = {k.lower(): v for k, v in meta['dataset_meta'].items()}  # mmdet 3 lowercases
+    elif 'CLASSES' in meta:  # checkpoints of mmdet 2 / mmseg 0.x
+        found = dict(classes=meta['CLASSES'])
+        if meta.get('PALETTE') is not None:
+            found['palette'] = meta['PALETTE']
+    else:
+        found = {}
+    from_config = _config_dataset_meta(cfg, registry)
+    if not found.get('classes'):
+        if from_config.get('classes'):
+            found = dict(from_config)
+            source = f"the config's test data set ({len(found['classes'])} classes)"
+        else:
+            n = _num_classes(cfg) or 1
+            found = dict(classes=tuple(f'class_{i}' for i in range(n)))
+            source = f'class_0 .. class_{n - 1} (the head has {n} classes)'
+        if checkpoint_path:  # no warning for random weights (benchmarks, FLOP counts)
+            warnings.warn(f'checkpoint {checkpoint_path} has no dataset_meta (class names) in '
+                          f'its meta; using {source}', stacklevel=3)
+    classes = list(found['classes'])
+    predicted = _num_classes(cfg)
+    if predicted and predicted != len(classes):
+        warnings.warn(f'dataset_meta names {len(classes)} classes but the model predicts '
+                      f'{predicted}: labels will be drawn with the wrong names', stacklevel=3)
+    palette = found.get('palette')
+    if not isinstance(palette, (list, tuple)) or len(palette) < len(classes):
+        palette = from_config.get('palette')
+        if palette is None or tuple(from_config.get('classes') or ()) != tuple(classes):
+            palette = _random_palette(len(classes))
+    found['palette'] = [tuple(c) for c in palette[:len(classes)]]
+    return found
+
+
 def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
                device: Union[str, torch.device] = 'cpu',
-               cfg_options: Optional[dict] = None) -> nn.Module:
-    """Build the config's model in its default scope, load ``checkpoint``, eval mode.
+               cfg_options: Optional[dict] = None, reparam: bool = False) -> nn.Module:
+    """Build the config's model in its default scope, load ``checkpoint``, eval mode; with
+    ``reparam=True`` fold it (:func:`mmrepa.reparameterize`).
 
     SyncBN is reverted to BN (outside a process group it cannot run). The backbone's
-    ``init_cfg`` weights are not loaded; ``checkpoint`` is, strictly. The config is attached as
-    ``model.cfg``.
+    ``init_cfg`` weights are not loaded; ``checkpoint`` is, strictly. The model gets what
+    mmdet's ``inference_detector`` / ``DetInferencer`` and mmseg's ``inference_model`` /
+    ``MMSegInferencer`` read, as their own loaders set it: ``model.cfg`` (the config) and
+    ``model.dataset_meta`` (``classes`` and ``palette``, from the checkpoint's
+    ``meta['dataset_meta']``; without it from the config's test data set, with a warning).
+    The folded model takes the same inputs and gives the same predictions as the unfolded one.
     """
     if isinstance(config, str):
         cfg = load_config(config, cfg_options)
@@ -149,10 +234,15 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     init_default_scope(scope)
     registry = importlib.import_module(f'{scope}.registry')
     model = revert_sync_batchnorm(registry.MODELS.build(cfg.model))
+    loaded = None
     if checkpoint:
-        load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+        loaded = load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+    model.eval()
+    if reparam:
+        model = reparameterize(model)
     model.cfg = cfg
-    return model.to(device).eval()
+    model.dataset_meta = _dataset_meta(cfg, registry, loaded, checkpoint)
+    return model.to(device)
 
 
 def pipeline_batch(cfg: Config, shape) -> dict:

@@ -1,0 +1,115 @@
+"""Draw a model's predictions on one image: detections (boxes, and masks if the model predicts
+them) for mmdet configs, the segmentation for mmseg configs.
+
+    python tools/image_demo.py CONFIG CHECKPOINT IMAGE --out-file OUT.png [--reparam]
+        [--score-thr 0.3] [--device cpu] [--cfg-options KEY=VALUE ...]
+
+The model runs through mmdet's ``inference_detector`` or mmseg's ``inference_model`` (picked by
+the config's ``default_scope``) and is drawn with their ``DetLocalVisualizer`` /
+``SegLocalVisualizer``. ``--reparam`` folds the model first (``mmrepa.apis.init_model(...,
+reparam=True)``): the picture and the printed lines are the same. Prints one line per detection
+above ``--score-thr``, or the area of every predicted class.
+"""
+import argparse
+import os.path as osp
+import sys
+
+from mmengine.config import DictAction  # light; torch, mmdet and mmseg load after the checks
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('config', help='mmdet or mmseg config file')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('image', help='image file')
+    parser.add_argument('--out-file', required=True, help='where to write the picture (PNG)')
+    parser.add_argument('--reparam', action='store_true', help='fold the model first')
+    parser.add_argument('--score-thr', type=float, default=0.3,
+                        help='detections: draw and print those scoring above this')
+    parser.add_argument('--device', default='cpu', help='e.g. cpu, cuda:0')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. model.test_cfg.score_thr=0.1')
+    return parser.parse_args(argv)
+
+
+def missing_inputs(args) -> list:
+    """One line per input file that does not exist."""
+    return [f'image_demo.py: {what} not found: {path}'
+            for what, path in (('config', args.config), ('checkpoint', args.checkpoint),
+                               ('image', args.image)) if not osp.isfile(path)]
+
+
+def print_detections(result, classes, score_thr: float) -> None:
+    """One line per detection scoring above ``score_thr`` (the visualizer's criterion)."""
+    pred = result.pred_instances
+    keep = (pred.scores > score_thr).nonzero().flatten().tolist()
+    print(f'{len(keep)} detection(s) with score > {score_thr} (of {len(pred.scores)})')
+    masks = pred.get('masks')
+    for i in keep:
+        label = int(pred.labels[i])
+        name = classes[label] if label < len(classes) else f'class_{label}'
+        x0, y0, x1, y1 = (float(v) for v in pred.bboxes[i])
+        line = (f'{name:<16} score {float(pred.scores[i]):.3f}  box '
+                f'{x0:7.1f} {y0:7.1f} {x1:7.1f} {y1:7.1f}')
+        if masks is not None:
+            line += f'  mask {int(masks[i].sum())} px'
+        print(line)
+
+
+def print_class_areas(result, classes, top: int = 20) -> None:
+    """The predicted classes by area, largest first (the ``top`` largest, then the rest)."""
+    import torch
+    seg = result.pred_sem_seg.data.flatten().long()
+    counts = torch.bincount(seg, minlength=len(classes))
+    order = [int(i) for i in counts.argsort(descending=True) if counts[i] > 0]
+    total = seg.numel()
+    print(f'{len(order)} class(es) predicted on {total} pixels')
+    for i in order[:top]:
+        name = classes[i] if i < len(classes) else f'class_{i}'
+        print(f'{name:<20} {100 * counts[i] / total:5.1f} %  ({int(counts[i])} px)')
+    if len(order) > top:
+        rest = int(sum(counts[i] for i in order[top:]))
+        print(f'... {len(order) - top} more class(es), {100 * rest / total:.1f} % together')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    missing = missing_inputs(args)
+    if missing:  # before the slow imports: a typo is answered at once
+        sys.exit('\n'.join(missing))
+
+    import mmcv
+
+    from mmrepa.apis import init_model
+
+    model = init_model(args.config, args.checkpoint, args.device, args.cfg_options,
+                       reparam=args.reparam)
+    scope = model.cfg.get('default_scope')
+    image = mmcv.imread(args.image, channel_order='rgb')
+    meta = model.dataset_meta
+    if scope == 'mmdet':
+        from mmdet.apis import inference_detector
+        from mmdet.visualization import DetLocalVisualizer
+        result = inference_detector(model, args.image)
+        print_detections(result, meta['classes'], args.score_thr)
+        visualizer = DetLocalVisualizer(name='image_demo')
+        visualizer.dataset_meta = meta
+        visualizer.add_datasample('image', image, result, draw_gt=False,
+                                  pred_score_thr=args.score_thr, out_file=args.out_file)
+    elif scope == 'mmseg':
+        from mmseg.apis import inference_model
+        from mmseg.visualization import SegLocalVisualizer
+        result = inference_model(model, args.image)
+        print_class_areas(result, meta['classes'])
+        visualizer = SegLocalVisualizer(name='image_demo', alpha=0.5)
+        visualizer.dataset_meta = dict(classes=meta['classes'], palette=meta['palette'])
+        visualizer.add_datasample('image', image, result, draw_gt=False, with_labels=True,
+                                  out_file=args.out_file)
+    else:
+        sys.exit(f'{args.config}: default_scope is {scope!r}; image_demo.py draws mmdet and '
+                 'mmseg models only')
+    print(f'wrote {args.out_file} ({"folded" if args.reparam else "as trained"} model)')
+
+
+if __name__ == '__main__':
+    main()
