@@ -139,7 +139,7 @@ def test_every_config_is_covered():
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, ROOT))
 def test_config_builds_and_runs_loss_and_predict(path):
     cfg = Config.fromfile(path)
-    assert cfg.custom_imports.imports == ['mmrepa']
+    assert cfg.custom_imports.imports[0] == 'mmrepa'
     backbone = cfg.model.backbone
     if backbone.get('init_cfg'):
         assert backbone.init_cfg.type == 'Pretrained'
@@ -147,7 +147,8 @@ def test_config_builds_and_runs_loss_and_predict(path):
             and backbone.type in TINY_ARCHS:
         cfg = shrink_backbone(cfg)
     model = build(shrink(cfg))
-    assert type(model.backbone).__module__.startswith('mmrepa.')
+    foreign = len(cfg.custom_imports.imports) > 1  # a backbone of another library, folded too
+    assert foreign or type(model.backbone).__module__.startswith('mmrepa.')
     if cfg.default_scope == 'mmseg':
         packed = seg_inputs(cfg.model.decode_head.num_classes)
     else:
