@@ -63,11 +63,11 @@ def shrink(cfg):
         stage = cfg.model.get(key) or {}
         for name in ('rpn_proposal', 'rpn'):
             if isinstance(stage.get(name), dict) and 'nms_pre' in stage[name]:
-                stage[name].update(nms_pre=100, max_per_img=50)
+                stage[name].update(nms_pre=50, max_per_img=10 if key == 'test_cfg' else 50)
         rcnn = stage.get('rcnn')
         for r in (rcnn if isinstance(rcnn, list) else [rcnn]):
             if isinstance(r, dict) and 'sampler' in r:
-                r.sampler.num = 32
+                r.sampler.num = 16
             elif isinstance(r, dict) and 'max_per_img' in r:
                 r.max_per_img = 20
     return cfg
