@@ -1,5 +1,6 @@
 """Building a model from any mmrepa config, for the tools (mmdet and mmseg configs alike)."""
 import argparse
+import contextlib
 import copy
 import importlib
 import os
@@ -19,7 +20,8 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from .fold import reparameterize
+from .errors import CheckpointError
+from .fold import FoldError, reparameterize
 
 
 def _mmrepa_types() -> set:
@@ -97,6 +99,18 @@ def tool_config(args: argparse.Namespace) -> Config:
         cfg.launcher = args.launcher
         os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return cfg
+
+
+@contextlib.contextmanager
+def one_line_errors(tool: str):
+    """Stop a tool with one line and exit code 1, no traceback, on the errors whose message
+    already names the file or key and the fix: a missing file, an unreadable checkpoint or one
+    of another architecture or form (:class:`~mmrepa.errors.CheckpointError`), a model that
+    cannot be folded. Usable as a decorator of a tool's ``main``."""
+    try:
+        yield
+    except (FileNotFoundError, CheckpointError, FoldError) as err:
+        raise SystemExit(f'{tool}: {err}') from None
 
 
 def _slurm_to_torch_env() -> None:

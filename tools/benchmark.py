@@ -25,7 +25,7 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, pipeline_batch
+from mmrepa.apis import init_model, one_line_errors, pipeline_batch
 from mmrepa.utils import complexity, model_complexity, time_interleaved
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 
@@ -187,6 +187,7 @@ def plot(result, path):
     fig.savefig(path, dpi=120)
 
 
+@one_line_errors('tools/benchmark.py')
 def main(argv=None):
     args = parse_args(argv)
     with torch.no_grad():

@@ -17,7 +17,7 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model
+from mmrepa.apis import init_model, one_line_errors
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session
 
 
@@ -46,6 +46,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+@one_line_errors('tools/export_onnx.py')
 def main(argv=None) -> float:
     """Returns the max abs difference between onnxruntime and PyTorch."""
     args = parse_args(argv)

@@ -1,19 +1,22 @@
 """Parameters and GMACs of a config's model before and after folding.
 
-    python tools/get_flops.py CONFIG [--shape H W] [--checkpoint CKPT]
+    python tools/get_flops.py CONFIG [--shape H W] [--checkpoint CKPT] [--json OUT.json]
 
 Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included): the
 backbone alone on a 1 x 3 x H x W tensor, and the whole model's tensor forward on an H x W image
 sent through the config's test pipeline (which may resize it, as it does real images).
+``--json`` also writes the exact counts (what ``tools/misc/gen_metafiles.py`` reads).
 """
 import argparse
 import copy
+import json
+import os.path as osp
 
 import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, pipeline_batch
+from mmrepa.apis import init_model, one_line_errors, pipeline_batch
 from mmrepa.utils import complexity, model_complexity
 
 
@@ -25,11 +28,29 @@ def parse_args(argv=None):
                         'segmentation)')
     parser.add_argument('--checkpoint')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument('--json', metavar='OUT.json',
+                        help='also write the counts (parameters, MACs) to this JSON file')
+    parser.add_argument('--seed', type=int, default=0,
+                        help='seed of the random weights and input (a two-stage detector\'s '
+                        'proposals, and so its MACs, depend on the weights)')
     return parser.parse_args(argv)
 
 
+def to_json(config: str, shape, input_shape, rows: dict) -> dict:
+    """The counts of :func:`main` as plain JSON: for ``model`` and ``backbone``, the
+    parameters and MACs before and after folding (exact integers)."""
+    out = dict(config=config, shape=list(shape), input_shape=list(input_shape))
+    for scope, (before, after) in rows.items():
+        out[scope] = dict(params_before=int(before['params']), params_after=int(after['params']),
+                          macs_before=int(before['macs']), macs_after=int(after['macs']))
+    return out
+
+
+@one_line_errors('tools/get_flops.py')
 def main(argv=None):
+    """Print the table (and write ``--json``); returns ``{scope: [before, after]}``."""
     args = parse_args(argv)
+    torch.manual_seed(args.seed)
     model = init_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
     shape = tuple(args.shape or ((512, 512) if model.cfg.default_scope == 'mmseg' else
                                  (800, 1333)))
@@ -46,6 +67,10 @@ def main(argv=None):
     for scope, (b, a) in rows.items():
         print(f"{scope:<10}{b['params'] / 1e6:>16.2f}{a['params'] / 1e6:>9.2f}"
               f"{b['macs'] / 1e9:>14.2f}{a['macs'] / 1e9:>9.2f}{b['macs'] / a['macs']:>8.3f}")
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(to_json(osp.normpath(args.config), shape, data['inputs'].shape, rows), f,
+                      indent=2)
     return rows
 
 

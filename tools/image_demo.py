@@ -80,10 +80,11 @@ def main(argv=None):
 
     import mmcv
 
-    from mmrepa.apis import init_model
+    from mmrepa.apis import init_model, one_line_errors
 
-    model = init_model(args.config, args.checkpoint, args.device, args.cfg_options,
-                       reparam=args.reparam)
+    with one_line_errors('tools/image_demo.py'):
+        model = init_model(args.config, args.checkpoint, args.device, args.cfg_options,
+                           reparam=args.reparam)
     scope = model.cfg.get('default_scope')
     image = mmcv.imread(args.image, channel_order='rgb')
     meta = model.dataset_meta

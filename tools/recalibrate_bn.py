@@ -11,7 +11,7 @@ import torch
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import tool_argument_parser, tool_config
+from mmrepa.apis import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.engine import recalibrate_model_bn
 from mmrepa.tool_inputs import check_inputs
 
@@ -28,6 +28,7 @@ def parse_args():
     return parser.parse_args()
 
 
+@one_line_errors('tools/recalibrate_bn.py')
 def main():
     args = parse_args()
     cfg = tool_config(args)

@@ -22,7 +22,7 @@ from mmengine.config import DictAction
 from mmengine.runner import load_checkpoint
 
 import mmrepa
-from mmrepa.apis import init_model
+from mmrepa.apis import init_model, one_line_errors
 
 
 def parse_args(argv=None):
@@ -35,6 +35,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+@one_line_errors('tools/reparameterize.py')
 def main(argv=None):
     args = parse_args(argv)
     if osp.exists(args.out) and osp.samefile(args.out, args.checkpoint):

@@ -14,7 +14,9 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import setup_cpu_distributed, tool_argument_parser, tool_config
+from mmrepa.apis import (one_line_errors, setup_cpu_distributed, tool_argument_parser,
+                         tool_config)
+from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.tool_inputs import check_inputs
 
 
@@ -31,12 +33,14 @@ def parse_args():
     return parser.parse_args()
 
 
+@one_line_errors('tools/test.py')
 def main():
     args = parse_args()
     cfg = tool_config(args)
     cfg.load_from = args.checkpoint
     check_inputs(cfg, 'tools/test.py', splits=('test', ),
                  checkpoints=[('checkpoint to test', 'CHECKPOINT argument', args.checkpoint)])
+    load_checkpoint_file(args.checkpoint)  # unreadable or foreign: stop before the runner writes
     setup_cpu_distributed(cfg)
     if args.reparam:
         cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [

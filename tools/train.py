@@ -9,7 +9,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import setup_cpu_distributed, tool_argument_parser, tool_config
+from mmrepa.apis import (one_line_errors, setup_cpu_distributed, tool_argument_parser,
+                         tool_config)
 from mmrepa.tool_inputs import check_inputs
 
 
@@ -21,6 +22,7 @@ def parse_args():
     return parser.parse_args()
 
 
+@one_line_errors('tools/train.py')
 def main():
     args = parse_args()
     cfg = tool_config(args)

@@ -125,10 +125,11 @@ def main(argv=None):
     import torch
 
     import mmrepa
-    from mmrepa.apis import init_model
+    from mmrepa.apis import init_model, one_line_errors
 
-    model = init_model(args.config, args.checkpoint, args.device, args.cfg_options)
-    folded = mmrepa.reparameterize(copy.deepcopy(model))
+    with one_line_errors('tools/vis_features.py'):
+        model = init_model(args.config, args.checkpoint, args.device, args.cfg_options)
+        folded = mmrepa.reparameterize(copy.deepcopy(model))
     with torch.no_grad():
         inputs = backbone_input(model, args.image)
         before, after = model.backbone(inputs), folded.backbone(inputs)

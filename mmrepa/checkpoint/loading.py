@@ -11,6 +11,7 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from ..errors import CheckpointError, MissingKeysError
 from ..fold import check_fold_states
 
 
@@ -39,13 +40,13 @@ def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Ten
     """
     ckpt = CheckpointLoader.load_checkpoint(filename, map_location='cpu')
     if not isinstance(ckpt, dict):
-        raise ValueError(f'{filename} holds a {type(ckpt).__name__}, not a state dict or a '
+        raise CheckpointError(f'{filename} holds a {type(ckpt).__name__}, not a state dict or a '
                          'checkpoint dict')
     if use_ema:
         keys = EMA_KEYS + (('state_dict', ) if 'ema_state_dict' in ckpt else ())
         found = [k for k in keys if isinstance(ckpt.get(k), dict)]
         if not found:
-            raise KeyError(f'{filename} has no EMA weights (its keys: {sorted(ckpt)[:12]}); '
+            raise MissingKeysError(f'{filename} has no EMA weights (its keys: {sorted(ckpt)[:12]}); '
                            'load it without use_ema')
         return ckpt[found[0]]
     for key in WEIGHT_KEYS:
@@ -79,7 +80,7 @@ def check_shapes(module: nn.Module, state_dict: Dict[str, torch.Tensor], prefix:
     for key, param in module.state_dict().items():
         value = state_dict.get(prefix + key)
         if value is not None and tuple(value.shape) != tuple(param.shape):
-            raise ValueError(
+            raise CheckpointError(
                 f'{source} does not fit this model: {prefix}{key} has shape '
                 f'{tuple(value.shape)} in the checkpoint but {tuple(param.shape)} in the model. '
                 f'Is it a checkpoint of another arch (embed_dims, depths, idle_ratio, '
@@ -111,7 +112,7 @@ def load_state_dict_checked(module: nn.Module,
     missing = [k for k in own if k not in state_dict]
     core = [k for k in missing if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]
     if core:
-        raise KeyError(
+        raise MissingKeysError(
             f'{source} lacks {len(core)} weight(s) or BatchNorm statistic(s) this model needs: '
             f'{_shorten(core)}. Loading it would leave them at their initial values; check that '
             f'the checkpoint matches the model (arch, idle_ratio, ffn_norm, deploy).')

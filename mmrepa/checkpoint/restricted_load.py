@@ -20,6 +20,8 @@ from typing import Any, Dict
 import torch
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from ..errors import CheckpointError
+
 
 class ForeignNamespace:
     """What an ``argparse.Namespace`` in a checkpoint is rebuilt as: its attributes only."""
@@ -44,10 +46,6 @@ STAND_INS = {
     'yacs.config.CfgNode': ForeignConfig,
     'easydict.EasyDict': ForeignConfig,
 }
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file cannot be read; the message names the file and the fix."""
 
 
 class ForeignGlobalError(CheckpointError, pickle.UnpicklingError):

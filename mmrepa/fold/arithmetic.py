@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..errors import CheckpointError
 from .protocol import FoldError
 
 
@@ -65,12 +66,12 @@ def check_fold_state(state_dict: dict, prefix: str, module: nn.Module) -> None:
     has_unfolded = prefix + unfolded_key in state_dict
     where = prefix[:-1] or type(module).__name__
     if module.deploy and has_unfolded and not has_folded:
-        raise ValueError(
+        raise CheckpointError(
             f'{where}: the checkpoint holds unfolded weights ({prefix}{unfolded_key}) but '
             f'the model was built folded (deploy=True). Build it with deploy=False and fold after '
             f'loading, or fold the checkpoint first with tools/reparameterize.py.')
     if not module.deploy and has_folded and not has_unfolded:
-        raise ValueError(
+        raise CheckpointError(
             f'{where}: the checkpoint holds folded weights ({prefix}{folded_key}), written '
             f'by reparameterize, but the model was built unfolded. Build it with deploy=True '
             f'(for a config: --cfg-options model.backbone.deploy=True).')
