@@ -174,11 +174,19 @@ def test_get_flops(trained):
     assert 'backbone' in log and 'GMACs' in log
 
 
+# a small RePa-Swin through mmdet's SwinTransformer arguments (the configs name arch='tiny')
+SMALL_BACKBONE = ['model.backbone.arch=None', 'model.backbone.embed_dims=16',
+                  'model.backbone.depths=[1,1,1,1]', 'model.backbone.num_heads=[1,1,2,2]',
+                  'model.backbone.init_cfg=None']
 # a two-stage detector (its RPN needs the image metas) and a segmentor, on small test images
 SMALL_TEST_IMAGES = {
-    'mask-rcnn_repa_swin_t_1x_coco.py': 'test_dataloader.dataset.pipeline.1.scale=(128,96)',
-    'upernet_repa_swin_t_512x512_160k_ade20k.py':
-        'test_dataloader.dataset.pipeline.1.scale=(128,96)',
+    'mask-rcnn_repa_swin_t_1x_coco.py': [
+        'test_dataloader.dataset.pipeline.1.scale=(128,96)', *SMALL_BACKBONE,
+        'model.neck.in_channels=[16,32,64,128]'],
+    'upernet_repa_swin_t_512x512_160k_ade20k.py': [
+        'test_dataloader.dataset.pipeline.1.scale=(128,96)', *SMALL_BACKBONE,
+        'model.decode_head.in_channels=[16,32,64,128]', 'model.decode_head.channels=32',
+        'model.auxiliary_head.in_channels=64', 'model.auxiliary_head.channels=16'],
 }
 
 
@@ -187,14 +195,16 @@ def test_benchmark_and_get_flops_cover_two_stage_detectors_and_segmentors(config
     config, small = osp.join(ROOT, 'configs', config), SMALL_TEST_IMAGES[config]
     out = str(tmp_path / 'bench.json')
     run_tool('tools/benchmark.py', config, '--shape', '96', '128', '--repeat', '1', '--warmup',
-             '0', '--out', out, '--cfg-options', small)
+             '0', '--out', out, '--cfg-options', *small)
     scope = json.load(open(out))['scopes']['test_step']
     assert scope['input_shape'][2:] == [96, 128]
     assert 0 < scope['gmacs_after'] < scope['gmacs_before']
-    log = run_tool('tools/get_flops.py', config, '--shape', '96', '128', '--cfg-options', small)
+    log = run_tool('tools/get_flops.py', config, '--shape', '96', '128', '--cfg-options', *small)
     model = next(line for line in log.splitlines() if line.startswith('model'))
-    before, after = (float(v) for v in model.split()[3:5])
-    assert 0 < after < before, log
+    params_before, params_after, gmacs_before, gmacs_after = map(float, model.split()[1:5])
+    assert params_after < params_before and 0 < gmacs_after <= gmacs_before, log
+    backbone = next(line for line in log.splitlines() if line.startswith('backbone'))
+    assert float(backbone.split()[5]) > 1.1, log  # the GMACs ratio, unrounded
 
 
 @pytest.fixture(scope='module')
@@ -217,8 +227,10 @@ def ade_like(tmp_path_factory):
 
 def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
     config = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
-    # small images keep it quick; BN for SyncBN (one process); otherwise the real config
-    options = ['model.backbone.init_cfg=None', 'model.data_preprocessor.size=(64,64)',
+    # small images and widths keep it quick; BN for SyncBN (one process); otherwise the real
+    # config
+    options = [*SMALL_TEST_IMAGES['upernet_repa_swin_t_512x512_160k_ade20k.py'][1:],
+               'model.data_preprocessor.size=(64,64)',
                'model.decode_head.norm_cfg.type=BN', 'model.auxiliary_head.norm_cfg.type=BN',
                'train_dataloader.dataset.pipeline.2.scale=(128,64)',
                'train_dataloader.dataset.pipeline.3.crop_size=(64,64)',
