@@ -17,26 +17,32 @@ import sys
 from mmengine.config import DictAction  # light; torch, mmdet and mmseg load after the checks
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+def image_tool_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of the tools that run a model on one image (this one, vis_features.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('image', help='image file')
     parser.add_argument('--out-file', required=True, help='where to write the picture (PNG)')
-    parser.add_argument('--reparam', action='store_true', help='fold the model first')
-    parser.add_argument('--score-thr', type=float, default=0.3,
-                        help='detections: draw and print those scoring above this')
     parser.add_argument('--device', default='cpu', help='e.g. cpu, cuda:0')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.test_cfg.score_thr=0.1')
-    return parser.parse_args(argv)
+    return parser
 
 
-def missing_inputs(args) -> list:
+def missing_inputs(tool: str, args) -> list:
     """One line per input file that does not exist."""
-    return [f'image_demo.py: {what} not found: {path}'
+    return [f'{tool}: {what} not found: {path}'
             for what, path in (('config', args.config), ('checkpoint', args.checkpoint),
                                ('image', args.image)) if not osp.isfile(path)]
+
+
+def parse_args(argv=None):
+    parser = image_tool_parser(__doc__.strip().splitlines()[0])
+    parser.add_argument('--reparam', action='store_true', help='fold the model first')
+    parser.add_argument('--score-thr', type=float, default=0.3,
+                        help='detections: draw and print those scoring above this')
+    return parser.parse_args(argv)
 
 
 def print_detections(result, classes, score_thr: float) -> None:
@@ -74,7 +80,7 @@ def print_class_areas(result, classes, top: int = 20) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    missing = missing_inputs(args)
+    missing = missing_inputs('image_demo.py', args)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
 

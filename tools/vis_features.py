@@ -11,31 +11,16 @@ the largest absolute difference over channels at each position, each panel with 
 scale. Prints each output's largest absolute and relative
 difference (relative to the largest absolute value before folding).
 """
-import argparse
 import os
 import os.path as osp
 import sys
 
-from mmengine.config import DictAction  # light; torch and the models load after the checks
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # the sibling image_demo.py
+from image_demo import image_tool_parser, missing_inputs  # noqa: E402  light; the models later
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config', help='mmdet or mmseg config file')
-    parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('image', help='image file')
-    parser.add_argument('--out-file', required=True, help='where to write the picture (PNG)')
-    parser.add_argument('--device', default='cpu', help='e.g. cpu, cuda:0')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries')
-    return parser.parse_args(argv)
-
-
-def missing_inputs(args) -> list:
-    """One line per input file that does not exist."""
-    return [f'vis_features.py: {what} not found: {path}'
-            for what, path in (('config', args.config), ('checkpoint', args.checkpoint),
-                               ('image', args.image)) if not osp.isfile(path)]
+    return image_tool_parser(__doc__.strip().splitlines()[0]).parse_args(argv)
 
 
 def backbone_input(model, image: str):
@@ -115,7 +100,7 @@ def draw(out_file: str, image, inputs, before, after, rows, title: str) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    missing = missing_inputs(args)
+    missing = missing_inputs('vis_features.py', args)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
 
