@@ -1,0 +1,141 @@
+"""mmrepa configs run by the tools users already have: ``mim train`` / ``mim test``, and
+mmdet's and mmseg's own ``tools/test.py`` (shipped in their packages' ``.mim``), with and
+without ReparameterizeHook, on small generated data."""
+import glob
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+from mmrepa.datasets import make_shapes_coco
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
+UPERNET = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+
+
+def run(*args, ok=True):
+    """Run a command as a user would (from the repository root); returns its output."""
+    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == ok, log[-4000:]
+    return log
+
+
+def mim(*args, ok=True):
+    return run(sys.executable, '-m', 'mim', *args, ok=ok)
+
+
+def own_test_script(package: str) -> str:
+    """``tools/test.py`` as the package ships it (``<package>/.mim/tools/test.py``)."""
+    module = __import__(package)
+    script = osp.join(osp.dirname(module.__file__), '.mim', 'tools', 'test.py')
+    assert osp.exists(script), script
+    return script
+
+
+def written_metrics(work_dir: str) -> dict:
+    """The metrics the runner's logger wrote for a test run in ``work_dir``
+    (``<work_dir>/<timestamp>/<timestamp>.json``)."""
+    files = glob.glob(osp.join(work_dir, '*', '*.json'))
+    assert len(files) == 1, files
+    with open(files[0]) as f:
+        return json.load(f)
+
+
+def with_reparameterize_hook(base: str, path: str) -> str:
+    """A config that inherits ``base`` and folds the model for testing."""
+    with open(path, 'w') as f:
+        f.write(f'_base_ = {base!r}\n'
+                "custom_hooks = [dict(type='ReparameterizeHook', verify=True)]\n")
+    return path
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    """(root, cfg options) of a tiny shapes data set the demo config reads."""
+    root = tmp_path_factory.mktemp('downstream')
+    data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
+    options = []
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        options += [f'{loader}.dataset.data_root={data}', f'{loader}.num_workers=0',
+                    f'{loader}.persistent_workers=False']
+    for ev in ('val_evaluator', 'test_evaluator'):
+        options.append(f'{ev}.ann_file={data}annotations/val.json')
+    options.append('model.test_cfg.score_thr=0.0')  # an untrained detector still detects
+    return root, options
+
+
+def test_mim_train_and_test_mmdet_with_and_without_reparameterize_hook(shapes):
+    root, options = shapes
+    work = str(root / 'train')
+    # one epoch of two iterations, no validation: only the checkpoint is wanted
+    mim('train', 'mmdet', DEMO, '--work-dir', work, '--cfg-options', *options,
+        'train_cfg.max_epochs=1', 'train_cfg.val_interval=2', 'train_dataloader.batch_size=4',
+        'default_hooks.checkpoint.interval=1')
+    ckpt = osp.join(work, 'epoch_1.pth')
+    assert osp.exists(ckpt)
+
+    plain = str(root / 'test_plain')
+    log = mim('test', 'mmdet', DEMO, '--checkpoint', ckpt, '--work-dir', plain,
+              '--cfg-options', *options)
+    assert 'mmdet/.mim/tools/test.py' in log  # mim ran mmdet's own script
+    assert 'ReparameterizeHook' not in log
+    metrics = written_metrics(plain)
+    assert 'coco/bbox_mAP' in metrics
+
+    folded = str(root / 'test_folded')
+    config = with_reparameterize_hook(DEMO, str(root / 'demo_reparam.py'))
+    log = mim('test', 'mmdet', config, '--checkpoint', ckpt, '--work-dir', folded,
+              '--cfg-options', *options)
+    assert 'ReparameterizeHook: folded model verified' in log, log[-4000:]
+    assert 'ReparameterizeHook: reparameterized the model for testing' in log
+    assert written_metrics(folded).keys() == metrics.keys()
+
+
+def ade_like(root) -> str:
+    """Two tiny images per split in ADE20K's layout (jpg images; png label maps, 0 = ignore)."""
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for split in ('training', 'validation'):
+        (root / 'images' / split).mkdir(parents=True)
+        (root / 'annotations' / split).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+                root / 'images' / split / f'ADE_{i}.jpg')
+            Image.fromarray(rng.integers(0, 151, (48, 64), dtype=np.uint8)).save(
+                root / 'annotations' / split / f'ADE_{i}.png')
+    return str(root)
+
+
+def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
+    import torch
+
+    from mmrepa.apis import init_model
+    data = ade_like(tmp_path / 'ade')
+    options = ['model.backbone.init_cfg=None', 'model.decode_head.norm_cfg.type=BN',
+               'model.auxiliary_head.norm_cfg.type=BN',
+               'test_dataloader.dataset.pipeline.1.scale=(64,64)',
+               f'test_dataloader.dataset.data_root={data}', 'test_dataloader.num_workers=0',
+               'test_dataloader.persistent_workers=False']
+    # a randomly initialised segmentor, saved as a checkpoint (testing does not need training)
+    model = init_model(UPERNET)
+    ckpt = str(tmp_path / 'random.pth')
+    torch.save(dict(state_dict=model.state_dict(), meta=dict()), ckpt)
+    script = own_test_script('mmseg')
+
+    results = {}
+    for name, config in (('plain', UPERNET),
+                         ('folded', with_reparameterize_hook(UPERNET,
+                                                             str(tmp_path / 'reparam.py')))):
+        work = str(tmp_path / name)
+        log = run(sys.executable, script, config, ckpt, '--work-dir', work, '--cfg-options',
+                  *options)
+        results[name] = written_metrics(work)
+        assert ('ReparameterizeHook: folded model verified' in log) == (name == 'folded'), \
+            log[-4000:]
+    assert 'mIoU' in results['plain']
+    assert results['folded'].keys() == results['plain'].keys()
