@@ -235,3 +235,15 @@ def test_fuse_returning_a_replacement_is_applied():
     assert isinstance(model[0], nn.Conv2d) and report.folded == {'ConvBN': 1}
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref)
+
+
+@pytest.mark.parametrize('norm, counted', [('LN', False), ('BN1d', True)])
+def test_setting_only_the_flag_is_not_counted_as_a_fold(norm, counted):
+    """A LayerNorm patch embedding is in deployed form already: reparameterize() only sets
+    its flag. The BatchNorm one folds its norm into the conv and is counted."""
+    from mmrepa.layers import FoldablePatchEmbed
+    embed = FoldablePatchEmbed(in_channels=3, embed_dims=8, kernel_size=4, stride=4,
+                               norm_cfg=dict(type=norm))
+    report = mmrepa.fold_model(nn.Sequential(embed).eval(), logger=None)
+    assert embed.deploy is True and not report.unfolded
+    assert report.folded == ({'FoldablePatchEmbed': 1} if counted else {})

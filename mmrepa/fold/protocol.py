@@ -94,11 +94,12 @@ def _post_order(module: nn.Module, prefix: str = '') -> Iterator[Tuple[str, nn.M
 
 
 def _structure(module: nn.Module) -> tuple:
-    """What a fold changes: tensors (by name and shape), submodules (by name and type) and
-    the ``deploy`` flag."""
+    """What a fold changes: tensors (by name and shape) and submodules (by name and type).
+    A call that only sets ``deploy`` found the module in its deployed form already (a
+    LayerNorm patch embedding, say): that is not counted as a fold."""
     tensors = tuple((k, tuple(v.shape)) for k, v in module.state_dict(keep_vars=True).items())
     children = tuple((k, type(m)) for k, m in module.named_modules())
-    return tensors, children, getattr(module, 'deploy', None)
+    return tensors, children
 
 
 class _Walk(NamedTuple):
@@ -129,6 +130,8 @@ def _fold_one(module: nn.Module, name: str, walk: _Walk) -> nn.Module:
         if _structure(module) != before:
             walk.folded[type(module).__name__] += 1
             return module
+        if getattr(module, 'deploy', None) is True:
+            return module  # nothing to fold: only the flag was set
     if tried:
         walk.idle.append(f'{name or "the model"} ({type(module).__name__}): '
                          f'{", ".join(tried)} changed nothing')
