@@ -224,6 +224,19 @@ def _dataset_meta(cfg: Config, registry, checkpoint: Optional[dict],
     return found
 
 
+def build_model(cfg: Config) -> nn.Module:
+    """Build ``cfg.model`` in the config's default scope as mmengine's Runner does: a top-level
+    ``data_preprocessor`` (where mmpretrain configs keep it) goes into the model. SyncBN is
+    reverted to BN (outside a process group it cannot run)."""
+    scope = cfg.get('default_scope', 'mmengine')
+    init_default_scope(scope)
+    registry = importlib.import_module(f'{scope}.registry')
+    model_cfg = copy.deepcopy(cfg.model)
+    if cfg.get('data_preprocessor') is not None:
+        model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
+    return revert_sync_batchnorm(registry.MODELS.build(model_cfg))
+
+
 def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
                device: Union[str, torch.device] = 'cpu',
                cfg_options: Optional[dict] = None, reparam: bool = False) -> nn.Module:
@@ -244,10 +257,8 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
         cfg = copy.deepcopy(config)
         if cfg_options:
             cfg.merge_from_dict(cfg_options)
-    scope = cfg.get('default_scope', 'mmengine')
-    init_default_scope(scope)
-    registry = importlib.import_module(f'{scope}.registry')
-    model = revert_sync_batchnorm(registry.MODELS.build(cfg.model))
+    model = build_model(cfg)
+    registry = importlib.import_module(f"{cfg.get('default_scope', 'mmengine')}.registry")
     loaded = None
     if checkpoint:
         loaded = load_checkpoint(model, checkpoint, map_location='cpu', strict=True)

@@ -11,10 +11,10 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import MODELS, DefaultScope
 
 import mmrepa
+from mmrepa.apis import build_model
 
 from .conftest import TINY_ARCH
 
@@ -55,6 +55,12 @@ def seg_inputs(num_classes):
                 data_samples=samples)
 
 
+def cls_inputs():
+    from mmpretrain.structures import DataSample
+    return dict(inputs=[torch.randint(0, 256, (3, H, W), dtype=torch.uint8)] * 2,
+                data_samples=[DataSample().set_gt_label(label) for label in (3, 7)])
+
+
 def shrink(cfg):
     """Test-time budget: small padding, few proposals. The architecture is untouched."""
     if cfg.default_scope == 'mmseg':
@@ -76,6 +82,8 @@ def shrink(cfg):
 def _feature_users(model_cfg):
     """(config dict, indices into the backbone outputs) of what reads the backbone's features:
     the neck (all outputs, in order), or the decode / auxiliary heads (their ``in_index``)."""
+    if model_cfg.type == 'ImageClassifier':  # behind a pooling neck, on the last output
+        return [(model_cfg.head, -1)]
     if model_cfg.get('neck'):
         return [(model_cfg.neck, None)]
     users = []
@@ -120,10 +128,8 @@ def shrink_backbone(cfg):
 
 
 def build(cfg):
-    scope = cfg.default_scope
-    registry = __import__(f'{scope}.registry', fromlist=['MODELS'])
-    with DefaultScope.overwrite_default_scope(scope):
-        return revert_sync_batchnorm(registry.MODELS.build(cfg.model))  # SyncBN needs a GPU
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        return build_model(cfg)  # as the Runner builds it; SyncBN (needs a GPU) reverted
 
 
 def test_every_config_is_covered():
@@ -147,10 +153,13 @@ def test_config_builds_and_runs_loss_and_predict(path):
             and backbone.type in TINY_ARCHS:
         cfg = shrink_backbone(cfg)
     model = build(shrink(cfg))
-    foreign = len(cfg.custom_imports.imports) > 1  # a backbone of another library, folded too
+    # a backbone of another library, folded too
+    foreign = any(not i.startswith('mmrepa') for i in cfg.custom_imports.imports)
     assert foreign or type(model.backbone).__module__.startswith('mmrepa.')
     if cfg.default_scope == 'mmseg':
         packed = seg_inputs(cfg.model.decode_head.num_classes)
+    elif cfg.default_scope == 'mmpretrain':
+        packed = cls_inputs()
     else:
         packed = det_inputs(with_mask='mask' in osp.basename(path))
 

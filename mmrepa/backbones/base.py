@@ -1,5 +1,5 @@
 """What every mmrepa backbone shares: the dense-prediction options users know from mmdet."""
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -38,11 +38,19 @@ class DenseBackbone(Reparameterizable, BaseModule):
         self.norm_eval = norm_eval
         self.deploy = deploy
 
-    def _setup_outputs(self, out_norm_cfg: dict) -> None:
-        """Add ``norm{i}`` for every output stage, then apply ``frozen_stages``."""
+    def _setup_outputs(self, out_norm_cfg: Optional[dict]) -> None:
+        """Add ``norm{i}`` for every output stage (an identity if ``out_norm_cfg`` is None:
+        a classifier that normalises after pooling), then apply ``frozen_stages``."""
         for i in self.out_indices:
-            self.add_module(f'norm{i}', build_norm_layer(out_norm_cfg, self.num_features[i])[1])
+            norm = (nn.Identity() if out_norm_cfg is None else
+                    build_norm_layer(out_norm_cfg, self.num_features[i])[1])
+            self.add_module(f'norm{i}', norm)
         self._freeze_stages()
+
+    def has_output_norm(self, i: int) -> bool:
+        """Whether stage ``i``'s output has a norm with weights (a checkpoint's classifier
+        norm can go there)."""
+        return any(True for _ in getattr(self, f'norm{i}', nn.Identity()).parameters())
 
     def _check_input(self, x: torch.Tensor, min_size: int, why: str) -> None:
         if x.dim() != 4 or x.shape[1] != self.in_channels:

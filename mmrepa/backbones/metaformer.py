@@ -337,7 +337,9 @@ class ConvFormer(MetaFormer):
             One value or one per stage. Default: 0.
         drop_path_rate (float): Stochastic depth, rising linearly over the blocks to this.
             Default: 0.
-        out_norm_cfg (dict): Norm of each output. Default: ``dict(type='LN', eps=1e-6)``.
+        out_norm_cfg (dict, optional): Norm of each output; None for none (the classifier's
+            :class:`~mmrepa.heads.MetaFormerClsHead` normalises after pooling, as the paper).
+            Default: ``dict(type='LN', eps=1e-6)``.
         out_indices (Sequence[int]): Stages whose outputs are returned. Default: (0, 1, 2, 3).
         frozen_stages (int): Freeze the stem (0) and stages 1..n (n >= 1), their downsampling
             and output norms: parameters fixed, eval mode. -1 freezes nothing. Default: -1.
@@ -430,7 +432,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MetaFormer)
     last_norm = f'norm{model.num_stages - 1}'
     out = {}
     for k, v in state_dict.items():
-        if k.startswith('head.norm.') and hasattr(model, last_norm):
+        if k.startswith('head.norm.') and model.has_output_norm(model.num_stages - 1):
             k = last_norm + k[len('head.norm'):]
         out[k] = v  # the classifier (head.fc.*) is left in, to be reported as unused
     own = model.state_dict()

@@ -242,8 +242,8 @@ class RePaSwin(DenseBackbone):
             ones (BatchNorm such as ``BN1d`` or ``SyncBN``, normalising each channel over all
             tokens; ``RepBN``, ``PRepBN``) fold into ``qkv``, the conv and the reduction.
             Default: ``dict(type='LN')``.
-        out_norm_cfg (dict): Norms applied to the outputs (a BatchNorm works per channel, as
-            in ``norm_cfg``). Default: ``dict(type='LN')``.
+        out_norm_cfg (dict, optional): Norms applied to the outputs (a BatchNorm works per
+            channel, as in ``norm_cfg``; None: none). Default: ``dict(type='LN')``.
         out_indices (Sequence[int]): Stages whose outputs are returned. Default: (0, 1, 2, 3).
         frozen_stages (int): Freeze the patch embedding (0) and stages 1..n (n >= 1):
             parameters fixed and eval mode. -1 freezes nothing. Default: -1.
@@ -388,7 +388,7 @@ def _from_original_swin(state_dict: Dict[str, torch.Tensor], model: RePaSwin) ->
         if k.startswith('head.') or k.endswith(('relative_position_index', 'attn_mask')):
             continue
         if k.startswith('norm.'):
-            if hasattr(model, last_norm):  # the classifier's final norm = last output norm
+            if model.has_output_norm(model.num_stages - 1):  # the classifier's final norm
                 out[last_norm + k[len('norm'):]] = v
             continue
         k = k.replace('patch_embed.proj.', 'patch_embed.projection.')

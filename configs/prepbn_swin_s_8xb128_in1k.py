@@ -1,0 +1,14 @@
+# Swin-S-PRepBN on ImageNet-1k with SLAB's recipe (appendix Table A1): every LayerNorm a
+# PRepBN, λ decaying from 1 to 0 over 300000 iterations (about 240 of the 300 epochs at batch 1024),
+# drop path 0.3, then 10 epochs of BatchNorm statistics only (the paper reports 83.2 % top-1).
+_base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/slab_adamw_in1k.py']
+
+model = dict(
+    backbone=dict(type='PRepBNSwin', arch='small', drop_path_rate=0.3,
+                  out_norm_cfg=dict(type='PRepBN')),  # SLAB's final norm is a PRepBN too
+    head=dict(in_channels=768))
+iters_per_epoch = 1251  # 1,281,167 images / 1024
+custom_hooks = [
+    dict(type='PRepBNScheduleHook', warmup_iters=0, decay_iters=300000),
+    dict(type='BNRecalibrationHook', num_batches=10 * iters_per_epoch),
+]
