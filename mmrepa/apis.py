@@ -20,7 +20,7 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 from .fold import FoldError, reparameterize
 
 
@@ -53,18 +53,36 @@ def check_custom_imports(cfg: Config) -> None:
         return
     used = sorted(set(_types_in(cfg.to_dict())) & _mmrepa_types())
     if used:
-        raise ValueError(
+        raise ConfigError(
             f'config {cfg.filename} uses {", ".join(used)} from mmrepa but does not import '
             "mmrepa: add custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False) "
             'to it (mmdet and mmseg tools need it to find these modules).')
 
 
+def check_classifier(cfg: Config) -> None:
+    """Refuse an mmpretrain classifier whose backbone gives several feature maps to a neck and
+    head that use one: ``GlobalAveragePooling`` pools each map and the head reads the last, so
+    the other stages' outputs (and their norms) would be computed, trained and never used."""
+    model = cfg.get('model') or {}
+    backbone, neck = model.get('backbone') or {}, model.get('neck') or {}
+    out_indices = backbone.get('out_indices')
+    if (model.get('type') == 'ImageClassifier' and neck.get('type') == 'GlobalAveragePooling'
+            and out_indices is not None and len(out_indices) != 1):
+        raise ConfigError(
+            f'config {cfg.filename}: model.backbone.out_indices={tuple(out_indices)} gives '
+            f'{len(out_indices)} feature maps, but the classifier\'s GlobalAveragePooling neck '
+            'and head use one (the last stage\'s): set out_indices=(3, ) (or the index of the '
+            'stage to classify from).')
+
+
 def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
-    """``Config.fromfile`` + ``--cfg-options`` + :func:`check_custom_imports`."""
+    """``Config.fromfile`` + ``--cfg-options`` + :func:`check_custom_imports` and
+    :func:`check_classifier`."""
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_custom_imports(cfg)
+    check_classifier(cfg)
     return cfg
 
 
@@ -105,11 +123,11 @@ def tool_config(args: argparse.Namespace) -> Config:
 def one_line_errors(tool: str):
     """Stop a tool with one line and exit code 1, no traceback, on the errors whose message
     already names the file or key and the fix: a missing file, an unreadable checkpoint or one
-    of another architecture or form (:class:`~mmrepa.errors.CheckpointError`), a model that
-    cannot be folded. Usable as a decorator of a tool's ``main``."""
+    of another architecture or form (:class:`~mmrepa.errors.CheckpointError`), a config that
+    cannot work (:class:`~mmrepa.errors.ConfigError`), a model that cannot be folded. Usable as a decorator of a tool's ``main``."""
     try:
         yield
-    except (FileNotFoundError, CheckpointError, FoldError) as err:
+    except (FileNotFoundError, CheckpointError, ConfigError, FoldError) as err:
         raise SystemExit(f'{tool}: {err}') from None
 
 
@@ -268,6 +286,15 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     model.cfg = cfg
     model.dataset_meta = _dataset_meta(cfg, registry, loaded, checkpoint)
     return model.to(device)
+
+
+DEFAULT_INPUT_SHAPES = {'mmseg': (512, 512), 'mmpretrain': (224, 224)}
+
+
+def default_input_shape(cfg: Config) -> tuple:
+    """The (H, W) the tools measure a config's model at, unless told: the papers' sizes,
+    512 x 512 for segmentation, 224 x 224 for classification, 800 x 1333 for detection."""
+    return DEFAULT_INPUT_SHAPES.get(cfg.get('default_scope'), (800, 1333))
 
 
 def pipeline_batch(cfg: Config, shape) -> dict:

@@ -1,8 +1,12 @@
-"""Errors about checkpoints, shared by the loaders, the fold-state check and the tools.
+"""Errors about configs and checkpoints, shared by the loaders, the fold-state check and the tools.
 
 Each message names the file or key and says what to do, so that a tool can print it as one line
 (:func:`mmrepa.apis.one_line_errors`) instead of a traceback.
 """
+
+
+class ConfigError(ValueError):
+    """A config asks for something that cannot work (the message names the option)."""
 
 
 class CheckpointError(ValueError):

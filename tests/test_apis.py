@@ -54,3 +54,15 @@ def test_tools_without_a_launcher_still_check_custom_imports(tmp_path):
     assert not hasattr(args, 'launcher')
     with pytest.raises(ValueError, match='does not import mmrepa'):
         tool_config(args)
+
+
+def test_a_config_error_stops_a_tool_with_one_line():
+    from mmrepa.apis import one_line_errors
+    from mmrepa.errors import ConfigError
+
+    @one_line_errors('tools/x.py')
+    def main():
+        raise ConfigError('config c.py: model.backbone.out_indices=(0, 1): set (3, )')
+
+    with pytest.raises(SystemExit, match=r'^tools/x.py: config c.py: model.backbone'):
+        main()

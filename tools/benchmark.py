@@ -25,7 +25,7 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, one_line_errors, pipeline_batch
+from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
 from mmrepa.utils import complexity, model_complexity, time_interleaved
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 
@@ -36,7 +36,7 @@ def parse_args(argv=None):
     parser.add_argument('--checkpoint', help='weights to load (random weights without)')
     parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), default=None,
                         help='input size (default: 800 1333 for detection, 512 512 for '
-                        'segmentation)')
+                        'segmentation, 224 224 for classification)')
     parser.add_argument('--batch', type=int, default=1, help='batch of the backbone scope')
     parser.add_argument('--repeat', type=int, default=10, help='timed rounds per scope')
     parser.add_argument('--warmup', type=int, default=2, help='untimed rounds first')
@@ -103,7 +103,7 @@ def run(args):
     flush = device.type == 'cpu' and not args.keep_denormals and torch.set_flush_denormal(True)
     model = init_model(args.config, args.checkpoint, device, args.cfg_options)
     cfg = model.cfg
-    shape = tuple(args.shape or ((512, 512) if cfg.default_scope == 'mmseg' else (800, 1333)))
+    shape = tuple(args.shape or default_input_shape(cfg))
     folded = mmrepa.reparameterize(copy.deepcopy(model))
     result = dict(config=args.config, checkpoint=args.checkpoint, device=str(device),
                   device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda'

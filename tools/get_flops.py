@@ -16,7 +16,7 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, one_line_errors, pipeline_batch
+from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
 from mmrepa.utils import complexity, model_complexity
 
 
@@ -25,7 +25,7 @@ def parse_args(argv=None):
     parser.add_argument('config')
     parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), default=None,
                         help='input size (default: 800 1333 for detection, 512 512 for '
-                        'segmentation)')
+                        'segmentation, 224 224 for classification)')
     parser.add_argument('--checkpoint')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     parser.add_argument('--json', metavar='OUT.json',
@@ -52,8 +52,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     model = init_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
-    shape = tuple(args.shape or ((512, 512) if model.cfg.default_scope == 'mmseg' else
-                                 (800, 1333)))
+    shape = tuple(args.shape or default_input_shape(model.cfg))
     folded = mmrepa.reparameterize(copy.deepcopy(model))
     with torch.no_grad():
         data = model.data_preprocessor(pipeline_batch(model.cfg, shape), False)

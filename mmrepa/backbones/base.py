@@ -7,7 +7,8 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_init
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint.loading import check_shapes, load_state_dict_checked, read_state_dict
+from ..checkpoint.loading import (LoadReport, check_shapes, load_state_dict_checked,
+                                  read_state_dict)
 from ..fold import Reparameterizable, check_eval_mode, fold_submodules
 from ..registry import build_norm_layer
 
@@ -113,15 +114,15 @@ class DenseBackbone(Reparameterizable, BaseModule):
         """A checkpoint's state dict in this backbone's names (the family's converter)."""
         raise NotImplementedError
 
-    def load_pretrained(self, filename: str, use_ema: bool = False) -> None:
+    def load_pretrained(self, filename: str, use_ema: bool = False) -> LoadReport:
         """Load any layout :meth:`filter_checkpoint` understands (``use_ema``: the
         checkpoint's EMA weights, e.g. ``init_cfg=dict(type='Pretrained', checkpoint=...,
         use_ema=True)``). Only the output norms (classification checkpoints have one final
         norm) and :meth:`optional_keys` may be missing; other missing keys, and tensors of
-        another shape, are errors."""
+        another shape, are errors. Returns what was loaded, left missing and not used."""
         source = str(filename)
         state_dict = self.filter_checkpoint(read_state_dict(filename, use_ema=use_ema))
-        load_state_dict_checked(
+        return load_state_dict_checked(
             self, state_dict, source=source,
             may_be_missing=['norm[0-9]*', *self.optional_keys(state_dict, source)])
 

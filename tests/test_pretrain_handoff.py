@@ -1,0 +1,228 @@
+"""ImageNet pretraining in mmpretrain and the hand-off to detection and segmentation.
+
+A classifier config (``configs/*_in1k.py``, shrunk to a tiny arch and given a few generated
+images) is trained for a few iterations with ``tools/train.py``; the RetinaNet and UperNet
+configs of the same family load its checkpoint through their backbone's ``init_cfg``, with
+nothing missing but the output norms, and their backbones compute the classifier's stage
+features. The tools take the classifier config as they take mmdet and mmseg ones.
+"""
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from PIL import Image
+
+from mmrepa.apis import build_model, init_model, load_config
+from mmrepa.errors import CheckpointError, ConfigError
+
+from .conftest import TINY_ARCH
+from .test_configs import METAFORMER_TINY, backbone_outputs, set_feature_channels
+from .test_downstream_tools import own_test_script, written_metrics
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CLASSES = 3
+ITERS = 4
+
+# classifier config -> (dense configs that load its checkpoint, tiny arch)
+FAMILIES = {
+    'repa_swin_t_32xb128_in1k.py': (('retinanet_repa_swin_t_1x_coco.py',
+                                     'upernet_repa_swin_t_512x512_160k_ade20k.py'), TINY_ARCH),
+    'repa_caformer_s18_32xb128_in1k.py': (('retinanet_repa_caformer_s18_1x_coco.py',
+                                           'upernet_repa_caformer_s18_512x512_160k_ade20k.py'),
+                                          METAFORMER_TINY),
+    'prepbn_swin_t_8xb128_in1k.py': (('retinanet_prepbn_swin_t_1x_coco.py',
+                                      'upernet_prepbn_swin_t_512x512_160k_ade20k.py'), TINY_ARCH),
+}
+
+
+def run_tool(*args, ok=True):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == ok, log[-4000:]
+    return log
+
+
+def write_images(root: str, count: int = 6) -> str:
+    """``root/{train,val}/class_k/*.png``: the folder layout mmpretrain's CustomDataset reads."""
+    rng = np.random.default_rng(0)
+    for split in ('train', 'val'):
+        for i in range(count):
+            folder = osp.join(root, split, f'class_{i % CLASSES}')
+            os.makedirs(folder, exist_ok=True)
+            pixels = rng.integers(0, 256, size=(40, 48, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(osp.join(folder, f'{i}.png'))
+    return root
+
+
+def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
+    """A config that inherits ``configs/<base>`` with a tiny backbone, a few generated images,
+    ``ITERS`` iterations and one checkpoint; everything else (recipe, hooks, sync_bn) as is."""
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', base))
+    cfg.model.backbone.arch = arch
+    tiny = build_model(cfg).backbone
+    stage = tiny.out_indices[-1]
+    pipeline = [dict(type='LoadImageFromFile'), dict(type='RandomResizedCrop', scale=32),
+                dict(type='PackInputs')]
+    test_pipeline = [dict(type='LoadImageFromFile'), dict(type='ResizeEdge', scale=32),
+                     dict(type='CenterCrop', crop_size=32), dict(type='PackInputs')]
+
+    def loader(split, steps):
+        return dict(_delete_=True, batch_size=4, num_workers=0,
+                    sampler=dict(type='DefaultSampler', shuffle=split == 'train'),
+                    dataset=dict(type='CustomDataset', data_root=data, data_prefix=split,
+                                 pipeline=steps))
+
+    hooks = [dict(h, num_batches=2) if h['type'] == 'BNRecalibrationHook' else h
+             for h in cfg.get('custom_hooks', [])]
+    overrides = dict(
+        model=dict(backbone=dict(arch=dict(arch, _delete_=True)),
+                   head=dict(num_classes=CLASSES, in_channels=tiny.num_features[stage])),
+        data_preprocessor=dict(num_classes=CLASSES),
+        train_dataloader=loader('train', pipeline),
+        val_dataloader=loader('val', test_pipeline),
+        test_dataloader=loader('val', test_pipeline),
+        val_evaluator=dict(type='Accuracy', topk=(1, )),
+        test_evaluator=dict(type='Accuracy', topk=(1, )),
+        train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=ITERS,
+                       val_interval=ITERS),
+        param_scheduler=[dict(type='ConstantLR', factor=1.0, by_epoch=False)],
+        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=ITERS),
+                           logger=dict(interval=1)),
+        custom_hooks=hooks,
+        auto_scale_lr=dict(enable=False))
+    with open(path, 'w') as f:
+        f.write(f"_base_ = {osp.join(ROOT, 'configs', base)!r}\n")
+        for key, value in overrides.items():
+            f.write(f'{key} = {value!r}\n')
+    return path
+
+
+@pytest.fixture(scope='module')
+def train(tmp_path_factory):
+    """``train(base)``: (classifier config, its checkpoint after ITERS iterations of
+    tools/train.py, base), trained once per module and family."""
+    done = {}
+
+    def trained(base):
+        if base not in done:
+            tmp = tmp_path_factory.mktemp(base.split('_32xb')[0].split('_8xb')[0])
+            data = write_images(str(tmp / 'data'))
+            config = tiny_classifier_config(base, FAMILIES[base][1], data,
+                                            str(tmp / 'classifier.py'))
+            run_tool(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir',
+                     str(tmp / 'work'))
+            done[base] = config, str(tmp / 'work' / f'iter_{ITERS}.pth'), base
+        return done[base]
+
+    return trained
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def trained(request, train):
+    return train(request.param)
+
+
+@pytest.fixture
+def trained_repa_swin(train):
+    return train('repa_swin_t_32xb128_in1k.py')
+
+
+def dense_model(config: str, arch: dict, checkpoint: str):
+    """The dense config's model with the tiny arch and ``checkpoint`` as its pretrained
+    weights (the neck / heads following the tiny backbone's channels)."""
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', config))
+    cfg.model.backbone.arch = arch
+    cfg.model.backbone.init_cfg.checkpoint = checkpoint
+    tiny = build_model(cfg).backbone
+    set_feature_channels(cfg.model, backbone_outputs(tiny))
+    return build_model(cfg)
+
+
+def stage_features(backbone, x):
+    """Every tensor each stage returns (the stage's own output, before any output norm)."""
+    found = []
+    hooks = [stage.register_forward_hook(
+        lambda m, i, out: found.extend(t for t in (out if isinstance(out, tuple) else (out, ))
+                                       if torch.is_tensor(t)))
+             for stage in backbone.stages]
+    try:
+        with torch.no_grad():
+            backbone(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
+
+
+def test_dense_configs_load_the_classifier_checkpoint_as_it_is(trained):
+    config, checkpoint, base = trained
+    classifier = init_model(config, checkpoint).double()
+    x = torch.randn(1, 3, 64, 96, dtype=torch.float64)
+    expected = stage_features(classifier.backbone, x)
+    for dense in FAMILIES[base][0]:
+        model = dense_model(dense, FAMILIES[base][1], checkpoint)
+        model.backbone.init_weights()  # the init_cfg path: raises if a core weight is missing
+        report = model.backbone.load_pretrained(checkpoint)
+        outputs = {f'norm{i}' for i in model.backbone.out_indices}
+        assert {k.split('.')[0] for k in report.missing} <= outputs, (dense, report.missing)
+        assert not [k for k in report.unexpected if not k.startswith(('head.', 'norm'))], (
+            dense, report.unexpected)
+        got = stage_features(model.backbone.eval().double(), x)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
+    config, checkpoint, base = trained
+    arch = dict(FAMILIES[base][1])
+    key = 'embed_dims' if 'embed_dims' in arch else 'dims'
+    arch[key] = (arch[key] * 2 if key == 'embed_dims' else tuple(d * 2 for d in arch[key]))
+    model = dense_model(FAMILIES[base][0][0], arch, checkpoint)
+    with pytest.raises(CheckpointError, match='another arch'):
+        model.backbone.init_weights()
+
+
+def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
+    """tools/test.py (top-1 unchanged by --reparam), mmpretrain's own tools/test.py on the
+    deploy config with a checkpoint folded by tools/reparameterize.py, tools/get_flops.py."""
+    config, checkpoint, _ = trained_repa_swin
+    metrics = {}
+    for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
+        out = str(tmp_path / f'{name}.json')
+        log = run_tool(osp.join(ROOT, 'tools', 'test.py'), config, checkpoint, '--work-dir',
+                       str(tmp_path / name), '--dump-metrics', out, *flags)
+        with open(out) as f:
+            metrics[name] = json.load(f)
+    assert 'ReparameterizeHook: folded model verified' in log
+    assert metrics['folded']['accuracy/top1'] == metrics['plain']['accuracy/top1']
+
+    folded = str(tmp_path / 'folded.pth')
+    run_tool(osp.join(ROOT, 'tools', 'reparameterize.py'), config, checkpoint, folded)
+    deploy = tmp_path / 'deploy.py'
+    deploy.write_text(f'_base_ = {config!r}\nmodel = dict(backbone=dict(deploy=True))\n')
+    work = str(tmp_path / 'own')
+    run_tool(own_test_script('mmpretrain'), str(deploy), folded, '--work-dir', work)
+    assert written_metrics(work)['accuracy/top1'] == metrics['plain']['accuracy/top1']
+
+    flops = str(tmp_path / 'flops.json')
+    run_tool(osp.join(ROOT, 'tools', 'get_flops.py'), config, '--json', flops)
+    with open(flops) as f:
+        counts = json.load(f)
+    assert counts['shape'] == [224, 224]
+    assert counts['model']['params_after'] <= counts['model']['params_before']
+
+
+def test_a_classifier_with_several_outputs_is_refused_by_option():
+    """Every tool loads configs through load_config, and prints a ConfigError as one line."""
+    config = osp.join(ROOT, 'configs', 'repa_swin_t_32xb128_in1k.py')
+    with pytest.raises(ConfigError, match=r'model\.backbone\.out_indices=\(0, 1, 2, 3\).*'
+                       r'set out_indices=\(3, \)'):
+        load_config(config, {'model.backbone.out_indices': [0, 1, 2, 3]})
+    load_config(config, {'model.backbone.out_indices': [2]})  # one map, any stage: fine
