@@ -1,5 +1,6 @@
 from .metaformer import CAFormer, ConvFormer
 from .prepbn_swin import PRepBNSwin
 from .repa_swin import RePaSwin
+from .repopt_vgg import RepOptVGG
 
-__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer', 'PRepBNSwin']
+__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer', 'PRepBNSwin', 'RepOptVGG']

@@ -5,6 +5,7 @@ from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
 from .prepbn import PRepBN, RepBN
+from .repopt import CSLAConvBN, RepOptConvBN, RepVGGConvBN
 from .res_scale import ResScale
 from .sep_conv import SepConv
 from .window_attention import (ShiftWindowMSA, WindowMSA, shifted_window_mask, window_partition,
@@ -16,5 +17,6 @@ __all__ = [
     'ShiftWindowMSA', 'WindowMSA', 'shifted_window_mask', 'window_partition', 'window_reverse',
     'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
     'ResScale', 'SepConv', 'WindowedSelfAttention', 'SimplifiedLinearAttention',
-    'FoldablePatchEmbed', 'FoldablePatchMerging', 'PRepBN', 'RepBN'
+    'FoldablePatchEmbed', 'FoldablePatchMerging', 'PRepBN', 'RepBN', 'RepOptConvBN',
+    'CSLAConvBN', 'RepVGGConvBN'
 ]

@@ -1,0 +1,271 @@
+"""RepOpt-VGG (RepOptimizers): a plain VGG-style network of 3x3 conv-BN-ReLU layers, trained
+with gradient multipliers instead of training-time branches (SPEC-repopt §6).
+
+``mode`` picks the layer form: ``'target'`` (the plain layers a RepOptimizer trains, with the
+Hyper-Search constants as buffers), ``'hs'`` (Hyper-Search: learns the constants), ``'csla'``
+(the block the target emulates, constants fixed: the reference of the tests) and ``'repvgg'``
+(the RepVGG baseline). Every mode folds into the same inference network.
+"""
+import os.path as osp
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+from mmengine.logging import print_log
+from mmengine.registry import MODELS
+
+from ..checkpoint.loading import read_state_dict, strip_prefixes
+from ..errors import CheckpointError, ConfigError
+from ..layers.grad_checkpoint import checkpoint_forward
+from ..layers.repopt import (CSLAConvBN, RepOptConvBN, RepVGGConvBN, hyper_search_init)
+from .base import DenseBackbone
+
+# depths of stages 1-4, their widths, the stem's width (SPEC-repopt §6.1)
+ARCH_SETTINGS = {
+    'B1': dict(depths=(4, 6, 16, 1), widths=(128, 256, 512, 2048), stem_width=64),
+    'B2': dict(depths=(4, 6, 16, 1), widths=(160, 320, 640, 2560), stem_width=64),
+    'L1': dict(depths=(8, 14, 24, 1), widths=(128, 256, 512, 2048), stem_width=64),
+    'L2': dict(depths=(8, 14, 24, 1), widths=(160, 320, 640, 2560), stem_width=64),
+}
+MODES = {'target': RepOptConvBN, 'hs': CSLAConvBN, 'csla': CSLAConvBN, 'repvgg': RepVGGConvBN}
+SCALE_NAMES = ('scale_conv', 'scale_1x1', 'scale_identity')
+
+
+def resolve_arch(arch: Union[str, dict]) -> dict:
+    if isinstance(arch, str):
+        if arch not in ARCH_SETTINGS:
+            raise ValueError(f'arch {arch!r} is not one of {sorted(ARCH_SETTINGS)}; give a '
+                             'dict(depths=(4 ints), widths=(4 ints), stem_width=int) instead')
+        return dict(ARCH_SETTINGS[arch])
+    missing = {'depths', 'widths', 'stem_width'} - set(arch)
+    if missing or len(arch['depths']) != 4 or len(arch['widths']) != 4:
+        raise ValueError(f'arch dict needs depths and widths of 4 stages and stem_width, got '
+                         f'{arch}')
+    return dict(arch)
+
+
+
+@MODELS.register_module()
+class RepOptVGG(DenseBackbone):
+    """RepOpt-VGG backbone: a stem and four stages of 3x3 conv-BN-ReLU layers, the stem and
+    each stage's first layer with stride 2 (outputs at strides 4, 8, 16, 32), no pooling.
+
+    State-dict names are the official ones (``stage0.*``, ``stage{1..4}.{j}.*``), so released
+    RepOpt-VGG, Hyper-Search and RepVGG checkpoints and the released scale files load.
+
+    Args:
+        arch (str | dict): ``'B1'``, ``'B2'``, ``'L1'``, ``'L2'`` or ``dict(depths=(4 ints),
+            widths=(4 ints), stem_width=int)`` (small ones for tests; no accuracy promised).
+        mode (str): ``'target'`` (default; train with ``RepOptSGD``), ``'hs'`` (Hyper-Search),
+            ``'csla'`` (constants fixed; the reference the target reproduces) or ``'repvgg'``.
+        scales (str | dict, optional): The Hyper-Search constants of ``'target'`` / ``'csla'``:
+            a file in the official layout (``stage0.scale_conv.weight``, ...), a whole
+            Hyper-Search checkpoint, or such a dict. Every layer's constants must be there, by
+            name; anything else is an error naming the key. Without it the constants are the
+            Hyper-Search initial values (a checkpoint of a target model carries its own).
+        identity_init (str): Rule of initialization, identity term: ``'searched'`` (default,
+            as the released models) or ``'one'`` (the paper's Eq. 4).
+        kernel_init (str): Random part of the rule: ``'torch'`` (default; Conv2d's default,
+            as the released models) or ``'msra'``.
+        strides (Sequence[int]): Strides of the stem and the first layer of stages 1-4.
+            Default: (2, 2, 2, 2, 2).
+        in_channels (int): Input channels. Default: 3.
+        out_indices (Sequence[int]): Stages (0-3) whose outputs are returned. Default: (0, 1,
+            2, 3).
+        out_norm_cfg (dict, optional): Norm of each output; none by default (a CNN; the
+            ImageNet checkpoints have none).
+        frozen_stages (int): Freeze the stem (0) and stages 1..n. Default: -1.
+        norm_eval (bool): Keep BatchNorms in eval mode while training. Default: False.
+        with_cp (bool): Gradient checkpointing per layer. Default: False.
+        deploy (bool): Build the folded network (3x3 convs with bias). Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)`` loads weights;
+            without it, ``'target'`` applies the rule of initialization (from scratch only).
+
+    Shapes: (B, in_channels, H, W) -> a tuple of (B, widths[i], H / 2^(i+2), W / 2^(i+2)).
+    """
+
+    stem_name = 'stage0'
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'B1',
+                 mode: str = 'target',
+                 scales: Union[None, str, Dict[str, torch.Tensor]] = None,
+                 identity_init: str = 'searched',
+                 kernel_init: str = 'torch',
+                 strides: Sequence[int] = (2, 2, 2, 2, 2),
+                 in_channels: int = 3,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norm_cfg: Optional[dict] = None,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 deploy: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if mode not in MODES:
+            raise ValueError(f'mode must be one of {sorted(MODES)}, got {mode!r}')
+        if identity_init not in ('searched', 'one'):
+            raise ValueError(f"identity_init must be 'searched' or 'one', got {identity_init!r}")
+        if kernel_init not in ('torch', 'msra'):
+            raise ValueError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
+        if len(strides) != 5 or set(strides) - {1, 2}:
+            raise ValueError(f'strides: 5 values of 1 or 2 (stem, stages 1-4), got {strides}')
+        self.arch = resolve_arch(arch)
+        self.mode, self.identity_init, self.kernel_init = mode, identity_init, kernel_init
+        self.in_channels, self.with_cp = in_channels, with_cp
+        self.num_features = list(self.arch['widths'])
+        self._check_options(4, out_indices, frozen_stages, norm_eval, deploy)
+
+        def layer(c_in, c_out, stride, index):
+            kwargs = dict(deploy=deploy)
+            if mode in ('hs', 'csla'):
+                kwargs.update(init_scale=hyper_search_init(index),
+                              trainable_scales=mode == 'hs')
+            return MODES[mode](c_in, c_out, stride, **kwargs)
+
+        self.stage0 = layer(in_channels, self.arch['stem_width'], strides[0], 0)
+        c_in = self.arch['stem_width']
+        for i, (depth, width) in enumerate(zip(self.arch['depths'], self.arch['widths'])):
+            self.add_module(f'stage{i + 1}', nn.Sequential(*[
+                layer(c_in if j == 0 else width, width, strides[i + 1] if j == 0 else 1, j)
+                for j in range(depth)]))
+            c_in = width
+        if scales is not None:
+            if mode not in ('target', 'csla'):
+                raise ConfigError(f"scales= is for mode 'target' or 'csla' (constants); mode "
+                                  f"{mode!r} {'learns them' if mode == 'hs' else 'has none'}")
+            self.load_scales(scales)
+        self.scales_source = None if scales is None else (
+            scales if isinstance(scales, str) else 'a dict')
+        self._setup_outputs(out_norm_cfg)
+
+    @property
+    def stages(self) -> List[nn.Sequential]:
+        return [getattr(self, f'stage{i}') for i in range(1, 5)]
+
+    def layers(self) -> Dict[str, nn.Module]:
+        """``{official name: layer}`` of the stem and every stage's layers."""
+        out = {'stage0': self.stage0}
+        for i, stage in enumerate(self.stages):
+            out.update({f'stage{i + 1}.{j}': m for j, m in enumerate(stage)})
+        return out
+
+    def forward(self, x: torch.Tensor):
+        self._check_input(x, 1, 'empty input')  # padding 1: any size works
+        x = self._layer(self.stage0, x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            for m in stage:
+                x = self._layer(m, x)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x))
+        return tuple(outs)
+
+    def _layer(self, module, x):
+        return checkpoint_forward(module, module, x) if self.with_cp else module(x)
+
+    # -- the Hyper-Search constants
+
+    def load_scales(self, scales: Union[str, Dict[str, torch.Tensor]]) -> None:
+        """Set every layer's constants from ``scales`` (see the class docstring), strictly by
+        name: a layer whose constants are missing, a constant this network has no layer for or
+        one of another shape is a :class:`~mmrepa.errors.CheckpointError` naming the key."""
+        source = scales if isinstance(scales, str) else 'the scales dict'
+        if isinstance(scales, str):
+            if not osp.isfile(scales):
+                raise FileNotFoundError(f'scales file {scales} does not exist (a Hyper-Search '
+                                        'scales file in the official layout, or an HS '
+                                        'checkpoint)')
+            scales = read_state_dict(scales)
+        found = {k: v for k, v in strip_prefixes(scales).items()
+                 if k.split('.')[-2] in SCALE_NAMES and k.endswith('.weight')}
+        if not found:
+            raise CheckpointError(f'{source} holds no Hyper-Search scales (keys such as '
+                                  'stage0.scale_conv.weight)')
+        expected = {}
+        for name, m in self.layers().items():
+            for key in SCALE_NAMES[:3 if m.has_identity else 2]:
+                expected[f'{name}.{key}.weight'] = m.out_channels
+        missing = sorted(set(expected) - set(found))
+        extra = sorted(set(found) - set(expected))
+        if missing or extra:
+            raise CheckpointError(
+                f'{source} does not fit this RepOpt-VGG ({self._arch_name()}): '
+                + (f'no scales for {missing[:4]}{" ..." if len(missing) > 4 else ""} '
+                   if missing else '')
+                + (f'scales for layers it lacks: {extra[:4]}{" ..." if len(extra) > 4 else ""}'
+                   if extra else '') + '. Is it the scales file of another arch?')
+        for key, channels in expected.items():
+            if tuple(found[key].shape) != (channels, ):
+                raise CheckpointError(f'{source}: {key} has shape {tuple(found[key].shape)}, '
+                                      f'this layer has {channels} channels: another arch?')
+        with torch.no_grad():
+            for name, m in self.layers().items():
+                s, t = found[f'{name}.scale_conv.weight'], found[f'{name}.scale_1x1.weight']
+                i = found.get(f'{name}.scale_identity.weight')
+                if isinstance(m, RepOptConvBN):
+                    m.set_scales(s, t, i)
+                else:
+                    m.scale_conv.weight.copy_(s)
+                    m.scale_1x1.weight.copy_(t)
+                    if i is not None:
+                        m.scale_identity.weight.copy_(i)
+
+    def export_scales(self) -> Dict[str, torch.Tensor]:
+        """The constants in the official layout (of a Hyper-Search / CSLA model)."""
+        if self.mode not in ('hs', 'csla'):
+            raise ValueError(f"export_scales() needs mode 'hs' or 'csla', not {self.mode!r}")
+        return {f'{name}.{k}': v for name, m in self.layers().items()
+                for k, v in m.scales().items()}
+
+    def _arch_name(self) -> str:
+        for name, arch in ARCH_SETTINGS.items():
+            if arch == self.arch:
+                return name
+        return str(self.arch)
+
+    # -- initialization and loading
+
+    def init_weights(self):
+        """Pretrained weights if ``init_cfg`` says so; else, for ``'target'``, the rule of
+        initialization (from scratch: refused on a model whose BatchNorms have seen data)."""
+        if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
+            return super().init_weights()
+        super().init_weights()
+        if self.mode == 'target' and not self.deploy:
+            self.reinitialize()
+
+    def reinitialize(self, generator: Optional[torch.Generator] = None) -> None:
+        """Apply the rule of initialization to every layer (SPEC-repopt §6.3)."""
+        used = [name for name, m in self.layers().items()
+                if int(m.bn.num_batches_tracked) > 0]
+        if used:
+            raise RuntimeError(
+                f'RepOptVGG: the rule of initialization is for training from scratch, but '
+                f'{used[0]} ({len(used)} layers) has trained BatchNorm statistics: these '
+                'weights were loaded or trained. Load them with init_cfg=Pretrained / '
+                'load_from instead of re-initializing.')
+        if self.scales_source is None:
+            print_log('RepOptVGG: initializing from the Hyper-Search initial constants (no '
+                      'scales= given): the paper\'s "constants = HS initial values" ablation, '
+                      'not the searched model', logger='current', level=30)
+        for m in self.layers().values():
+            m.reinitialize_(self.kernel_init, self.identity_init, generator)
+
+    def filter_checkpoint(self, state_dict):
+        """Official / mmrepa / mmpretrain / mmdet layouts (``backbone.`` and ``module.``
+        prefixes dropped; the classifier ``linear.*`` left in, reported as unused). A
+        Hyper-Search checkpoint is refused for a target model: it is a scales file."""
+        state_dict = strip_prefixes(state_dict)
+        hs = any('.conv_1x1.' in k or k.endswith('scale_conv.weight') for k in state_dict)
+        if self.mode == 'target' and hs:
+            raise CheckpointError(
+                'this is a Hyper-Search checkpoint (it has conv_1x1 / scale_*.weight keys): its '
+                'kernels are not the target\'s. Give it as RepOptVGG(scales=PATH), not as '
+                'pretrained weights.')
+        return state_dict
+
+    def optional_keys(self, state_dict, source):
+        """Official target checkpoints carry no constants: the model keeps its own (from
+        ``scales=``), which only training needs."""
+        return [f'*.{name}' for name in SCALE_NAMES] if self.mode == 'target' else []

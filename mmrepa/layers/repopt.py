@@ -1,0 +1,306 @@
+"""The layers of RepOpt-VGG (RepOptimizers): one 3x3 conv-BN-ReLU in three training forms.
+
+- :class:`RepOptConvBN`, the *target*: the plain layer a RepOptimizer trains. Its gradient is
+  multiplied by constants that make it train as the CSLA block would (SPEC-repopt §6.2).
+- :class:`CSLAConvBN`, the block it emulates: ``BN(s ⊙ conv3x3(x) + t ⊙ conv1x1(x) + i ⊙ x)``.
+  In Hyper-Search (``trainable_scales=True``) s, t and i are learned; as the CSLA reference s and t
+  are constants.
+- :class:`RepVGGConvBN`, the RepVGG baseline: 3x3-BN + 1x1-BN + BN(identity).
+
+All three fold (eval mode) into the same inference layer, ``ReLU(conv3x3 with bias)``, which
+``deploy=True`` builds directly. State-dict names are the official ones (``conv``, ``bn``,
+``conv_1x1``, ``scale_{conv,1x1,identity}.weight``; RepVGG's ``rbr_*``), so released checkpoints
+and scale files load.
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+
+from ..fold import Reparameterizable, check_eval_mode
+from ..fold.arithmetic import batchnorm_affine, check_fold_state, fold_dtype
+from ..registry import MODELS
+
+
+def centre_tap(kernel_1x1: torch.Tensor) -> torch.Tensor:
+    """A (C_out, C_in, 1, 1) kernel as the centre tap of a 3x3 one."""
+    return F.pad(kernel_1x1, [1, 1, 1, 1])
+
+
+def identity_kernel(channels: int, like: torch.Tensor) -> torch.Tensor:
+    """The 3x3 kernel of ``x -> x``: 1 at the centre tap of the diagonal (0-based (1, 1))."""
+    kernel = like.new_zeros(channels, channels, 3, 3)
+    kernel[torch.arange(channels), torch.arange(channels), 1, 1] = 1
+    return kernel
+
+
+def hyper_search_init(index: int) -> float:
+    """Initial s = t of layer ``index`` (0-based) in its stage: 1 for the first (stride-2)
+    layer, sqrt(2 / index) after it (the paper's Appendix B and code; not its §4.1)."""
+    return 1.0 if index == 0 else math.sqrt(2.0 / index)
+
+
+class ChannelScale(nn.Module):
+    """``x * weight`` per channel of (B, C, H, W); ``weight`` (C, ) is a parameter (named as
+    the official scale layers, so Hyper-Search checkpoints keep their keys)."""
+
+    def __init__(self, channels: int, value: float = 1.0, trainable: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((channels, ), float(value)),
+                                   requires_grad=trainable)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight.view(1, -1, 1, 1)
+
+
+class _RepOptLayer(Reparameterizable, BaseModule):
+    """What the three forms share: sizes, the deployed form and the fold into it.
+
+    Subclasses build their training form unless ``deploy`` and implement :meth:`_fused`.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
+                 deploy: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        if stride not in (1, 2):
+            raise ValueError(f'stride must be 1 or 2, got {stride}')
+        self.in_channels, self.out_channels, self.stride = in_channels, out_channels, stride
+        # the identity branch exists only where x -> x has the output's shape
+        self.has_identity = in_channels == out_channels and stride == 1
+        self.deploy = deploy
+        self.act = nn.ReLU()
+        if deploy:
+            self.conv = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=True)
+
+    def conv3x3(self, bias: bool = False) -> nn.Conv2d:
+        return nn.Conv2d(self.in_channels, self.out_channels, 3, self.stride, 1, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.deploy:
+            return self.act(self.conv(x))
+        return self.act(self._forward_training(x))
+
+    def _forward_training(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _fused(self, dtype: torch.dtype):
+        """(kernel, bias) of the whole layer before the ReLU, in eval mode, in ``dtype``."""
+        raise NotImplementedError
+
+    def reparameterize(self) -> None:
+        """Fold the layer into one 3x3 conv with bias (eval-mode BN); idempotent."""
+        if self.deploy:
+            return
+        check_eval_mode(self)
+        like = next(self.parameters())
+        kernel, bias = self._fused(fold_dtype(like))
+        conv = self.conv3x3(bias=True).to(device=like.device, dtype=like.dtype)
+        with torch.no_grad():
+            conv.weight.copy_(kernel)
+            conv.bias.copy_(bias)
+        for name in list(self._modules):
+            if name != 'act':
+                delattr(self, name)
+        for name in list(self._buffers):
+            delattr(self, name)
+        self.conv = conv
+        self.deploy = True
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        check_fold_state(state_dict, prefix, self)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def _fold_bn(kernel: torch.Tensor, bn: nn.Module, dtype: torch.dtype):
+    scale, shift = batchnorm_affine(bn, dtype)
+    return kernel.to(dtype) * scale.view(-1, 1, 1, 1), shift
+
+
+@MODELS.register_module()
+class RepOptConvBN(_RepOptLayer):
+    """The plain layer a RepOptimizer trains: ``ReLU(BN(conv3x3(x; W)))``, no conv bias.
+
+    Buffers ``scale_conv``, ``scale_1x1``, ``scale_identity`` (C_out, ) hold the Hyper-Search
+    constants s, t, i (saved with the model, so a checkpoint alone rebuilds the multipliers and
+    resume is exact). :meth:`repopt_branch_scales` gives the optimizer, for ``conv.weight``,
+    the constant of each emulated branch at every kernel entry; the SGD multiplier is their
+    sum of squares: s² off-centre, s² + t² at the centre, + 1 on the centre diagonal where the
+    layer has an identity branch (the identity's constant is 1, not i²).
+
+    Args:
+        in_channels, out_channels (int): Channels. stride (int): 1 or 2 (padding 1).
+        deploy (bool): Build the folded layer (conv with bias, ReLU). Default: False.
+
+    Shapes: (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride)).
+    """
+
+    fold_state_keys = ('conv.bias', 'bn.running_mean')  # see mmrepa.fold.check_fold_state
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
+                 deploy: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        if deploy:
+            return
+        self.conv = self.conv3x3()
+        self.bn = nn.BatchNorm2d(out_channels)
+        for name in ('scale_conv', 'scale_1x1', 'scale_identity'):
+            self.register_buffer(name, torch.ones(out_channels))
+
+    def _forward_training(self, x):
+        return self.bn(self.conv(x))
+
+    def set_scales(self, s: torch.Tensor, t: torch.Tensor,
+                   i: Optional[torch.Tensor] = None) -> None:
+        """Set the constants (vectors of C_out; ``i`` only where there is an identity)."""
+        self.scale_conv.copy_(s)
+        self.scale_1x1.copy_(t)
+        if i is not None:
+            self.scale_identity.copy_(i)
+
+    def repopt_branch_scales(self) -> Dict[nn.Parameter, torch.Tensor]:
+        """``{conv.weight: A}``, A (K, C_out, C_in, 3, 3) float32: the constant of branch k
+        (3x3, 1x1, identity if present) at each kernel entry, 0 where k does not reach."""
+        if self.deploy:
+            return {}
+        weight = self.conv.weight
+        ones = torch.ones(weight.shape, dtype=torch.float32, device=weight.device)
+        branches = [self.scale_conv.float().view(-1, 1, 1, 1) * ones,
+                    centre_tap(self.scale_1x1.float().view(-1, 1, 1, 1) * ones[..., 1:2, 1:2])]
+        if self.has_identity:
+            branches.append(identity_kernel(self.out_channels, ones))
+        return {weight: torch.stack(branches)}
+
+    @torch.no_grad()
+    def reinitialize_(self, kernel_init: str = 'torch', identity_init: str = 'searched',
+                      generator: Optional[torch.Generator] = None) -> None:
+        """The rule of initialization (SPEC-repopt §6.3): ``W = s ⊙ K0 + centre(t ⊙ P0) +
+        diag_centre(i0)`` with fresh random K0, P0 (``kernel_init``: ``'torch'``, PyTorch's
+        Conv2d default as the released models; ``'msra'``, the paper's), ``i0`` the searched
+        identity scale or 1 (``identity_init``: ``'searched'`` | ``'one'``); BN reset.
+        From scratch only: never over loaded weights."""
+        weight = self.conv.weight
+        k0 = _random_kernel(weight.shape, kernel_init, generator).to(weight)
+        p0 = _random_kernel((*weight.shape[:2], 1, 1), kernel_init, generator).to(weight)
+        kernel = self.scale_conv.view(-1, 1, 1, 1) * k0 + centre_tap(
+            self.scale_1x1.view(-1, 1, 1, 1) * p0)
+        if self.has_identity:
+            if identity_init not in ('searched', 'one'):
+                raise ValueError(f"identity_init must be 'searched' or 'one', got "
+                                 f'{identity_init!r}')
+            i0 = self.scale_identity if identity_init == 'searched' else torch.ones_like(
+                self.scale_identity)
+            kernel = kernel + identity_kernel(self.out_channels, weight) * i0.view(-1, 1, 1, 1)
+        weight.copy_(kernel)
+        self.bn.reset_parameters()
+
+    def _fused(self, dtype):
+        return _fold_bn(self.conv.weight, self.bn, dtype)
+
+
+def _random_kernel(shape, kernel_init: str, generator) -> torch.Tensor:
+    fan_in = shape[1] * shape[2] * shape[3]
+    if kernel_init == 'torch':  # kaiming_uniform(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        bound = 1.0 / math.sqrt(fan_in)
+        return (torch.rand(shape, generator=generator) * 2 - 1) * bound
+    if kernel_init == 'msra':  # kaiming_normal, fan_out, ReLU gain
+        return torch.randn(shape, generator=generator) * math.sqrt(2.0 / (shape[0] * shape[2] *
+                                                                           shape[3]))
+    raise ValueError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
+
+
+@MODELS.register_module()
+class CSLAConvBN(_RepOptLayer):
+    """``ReLU(BN(s ⊙ conv3x3(x; K) + t ⊙ conv1x1(x; P) + i ⊙ x))``, one BN after the sum.
+
+    The 1x1 conv has the layer's stride and no padding, so its taps meet the 3x3 centre for
+    odd and even sizes alike; ``i ⊙ x`` only where in = out channels and stride 1.
+
+    Args:
+        in_channels, out_channels (int), stride (int): As :class:`RepOptConvBN`.
+        init_scale (float): Initial s = t (:func:`hyper_search_init`); i starts at 1.
+        trainable_scales (bool): True: Hyper-Search, s, t and i are learned. False: the CSLA
+            block a RepOptimizer emulates, s and t constant (i is trained). Default: True.
+        deploy (bool): Build the folded layer. Default: False.
+    """
+
+    fold_state_keys = ('conv.bias', 'bn.running_mean')
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
+                 init_scale: float = 1.0, trainable_scales: bool = True, deploy: bool = False,
+                 init_cfg: Optional[dict] = None):
+        super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        if deploy:
+            return
+        self.conv = self.conv3x3()
+        self.conv_1x1 = nn.Conv2d(in_channels, out_channels, 1, stride, 0, bias=False)
+        self.scale_conv = ChannelScale(out_channels, init_scale, trainable_scales)
+        self.scale_1x1 = ChannelScale(out_channels, init_scale, trainable_scales)
+        if self.has_identity:
+            self.scale_identity = ChannelScale(out_channels, 1.0)
+        self.bn = nn.BatchNorm2d(out_channels)
+
+    def _forward_training(self, x):
+        y = self.scale_conv(self.conv(x)) + self.scale_1x1(self.conv_1x1(x))
+        if self.has_identity:
+            y = y + self.scale_identity(x)
+        return self.bn(y)
+
+    def equivalent_kernel(self) -> torch.Tensor:
+        """The 3x3 kernel W' of the branch sum (differentiable in K, P, s, t, i)."""
+        kernel = self.scale_conv.weight.view(-1, 1, 1, 1) * self.conv.weight + centre_tap(
+            self.scale_1x1.weight.view(-1, 1, 1, 1) * self.conv_1x1.weight)
+        if self.has_identity:
+            kernel = kernel + identity_kernel(self.out_channels, kernel) * \
+                self.scale_identity.weight.view(-1, 1, 1, 1)
+        return kernel
+
+    def scales(self) -> Dict[str, torch.Tensor]:
+        """The searched constants in the official file's names (without the layer prefix)."""
+        out = {'scale_conv.weight': self.scale_conv.weight, 'scale_1x1.weight':
+               self.scale_1x1.weight}
+        if self.has_identity:
+            out['scale_identity.weight'] = self.scale_identity.weight
+        return {k: v.detach().clone() for k, v in out.items()}
+
+    def _fused(self, dtype):
+        return _fold_bn(self.equivalent_kernel().detach(), self.bn, dtype)
+
+
+@MODELS.register_module()
+class RepVGGConvBN(_RepOptLayer):
+    """RepVGG's training block, the structure RepOptimizers replace: ``ReLU(BN(conv3x3(x)) +
+    BN(conv1x1(x)) + BN(x))`` (the identity BN only where in = out channels and stride 1).
+    Official names: ``rbr_dense.{conv,bn}``, ``rbr_1x1.{conv,bn}``, ``rbr_identity``."""
+
+    fold_state_keys = ('conv.bias', 'rbr_dense.conv.weight')
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
+                 deploy: bool = False, init_cfg: Optional[dict] = None):
+        super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        if deploy:
+            return
+        self.rbr_dense = nn.Sequential()
+        self.rbr_dense.add_module('conv', self.conv3x3())
+        self.rbr_dense.add_module('bn', nn.BatchNorm2d(out_channels))
+        self.rbr_1x1 = nn.Sequential()
+        self.rbr_1x1.add_module('conv', nn.Conv2d(in_channels, out_channels, 1, stride, 0,
+                                                  bias=False))
+        self.rbr_1x1.add_module('bn', nn.BatchNorm2d(out_channels))
+        self.rbr_identity = nn.BatchNorm2d(out_channels) if self.has_identity else None
+
+    def _forward_training(self, x):
+        y = self.rbr_dense(x) + self.rbr_1x1(x)
+        return y if self.rbr_identity is None else y + self.rbr_identity(x)
+
+    def _fused(self, dtype):
+        kernel, bias = _fold_bn(self.rbr_dense.conv.weight, self.rbr_dense.bn, dtype)
+        k1, b1 = _fold_bn(self.rbr_1x1.conv.weight, self.rbr_1x1.bn, dtype)
+        kernel, bias = kernel + centre_tap(k1), bias + b1
+        if self.rbr_identity is not None:
+            ki, bi = _fold_bn(identity_kernel(self.out_channels, kernel), self.rbr_identity,
+                              dtype)
+            kernel, bias = kernel + ki, bias + bi
+        return kernel, bias

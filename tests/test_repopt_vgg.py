@@ -1,0 +1,301 @@
+"""RepOpt-VGG: sizes, the multiplier, the rule of initialization, the scales files, the folds.
+
+Exact reference values are SPEC-repopt §6.8; the released scale files are
+``../shared/repopt-scales`` (MIT). Equivalences are checked in float64 on tiny archs.
+"""
+import copy
+import os.path as osp
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mmrepa
+from mmrepa.backbones import RepOptVGG
+from mmrepa.errors import CheckpointError, ConfigError
+from mmrepa.layers import CSLAConvBN, RepOptConvBN
+from mmrepa.layers.repopt import _random_kernel
+from mmrepa.utils import complexity
+
+from .conftest import randomize_
+
+SCALES = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'shared',
+                  'repopt-scales')
+TINY = dict(depths=(2, 2, 2, 1), widths=(8, 16, 16, 32), stem_width=8)
+
+
+def scales_file(arch):
+    path = osp.join(SCALES, f'RepOpt-VGG-{arch}-scales.pth')
+    if not osp.exists(path):
+        pytest.skip(f'{path} is not here (../shared/repopt-scales)')
+    return path
+
+
+def params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+# SPEC-repopt §6.8: backbone only (no FC) and the FC of 1000 / 100 classes of the widest stage
+@pytest.mark.parametrize('arch, inference, training, hs_fc1000, hs_fc100, repvgg', [
+    ('B1', 51_829_480, 51_841_832, 57_405_672, 55_561_572, 57_415_016),
+    ('B2', 80_315_112, 80_330_536, 89_010_696, 86_705_796, 89_022_376),
+    ('L1', 76_018_920, 76_037_928, 84_308_712, 82_464_612, 84_324_712),
+    ('L2', 118_109_032, 118_132_776, 131_036_296, 128_731_396, 131_056_296),
+])
+def test_parameter_counts_equal_the_spec_in_every_mode(arch, inference, training, hs_fc1000,
+                                                       hs_fc100, repvgg):
+    with torch.device('meta'):
+        width = RepOptVGG(arch).num_features[-1]
+
+        def fc(classes):
+            return width * classes + classes
+
+        assert params(RepOptVGG(arch, deploy=True)) + fc(1000) == inference
+        assert params(RepOptVGG(arch)) + fc(1000) == training
+        assert params(RepOptVGG(arch, mode='hs')) + fc(1000) == hs_fc1000
+        assert params(RepOptVGG(arch, mode='hs')) + fc(100) == hs_fc100
+        assert params(RepOptVGG(arch, mode='csla')) + fc(1000) == hs_fc1000
+        assert params(RepOptVGG(arch, mode='repvgg')) + fc(1000) == repvgg
+
+
+def test_macs_of_b1_equal_the_spec():
+    """11.813 GMACs for the backbone at 224 x 224, 11.815 with the FC (SPEC §6.8)."""
+    model = RepOptVGG('B1', deploy=True, out_indices=(3, )).eval()
+    macs = complexity(model, (torch.zeros(1, 3, 224, 224), ))['macs']
+    assert round(macs / 1e9, 3) == 11.813
+    assert round((macs + 2048 * 1000) / 1e9, 3) == 11.815
+    assert complexity(model, (torch.zeros(1, 3, 224, 224), ))['params'] == 49_780_480
+
+
+def _csla(c_in, c_out, stride, seed):
+    g = torch.Generator().manual_seed(seed)
+    layer = CSLAConvBN(c_in, c_out, stride, trainable_scales=False).double()
+    with torch.no_grad():
+        for p in (layer.scale_conv.weight, layer.scale_1x1.weight):
+            p.copy_(torch.randn(c_out, generator=g, dtype=torch.float64))
+        layer.scale_conv.weight[0] = 0.0  # exact zeros and mixed signs
+        layer.scale_1x1.weight[1] = 0.0
+        layer.conv.weight.copy_(torch.randn(layer.conv.weight.shape, generator=g))
+        layer.conv_1x1.weight.copy_(torch.randn(layer.conv_1x1.weight.shape, generator=g))
+        if layer.has_identity:
+            layer.scale_identity.weight.copy_(torch.randn(c_out, generator=g))
+    return layer
+
+
+def _target_like(csla):
+    target = RepOptConvBN(csla.in_channels, csla.out_channels, csla.stride).double()
+    scales = csla.scales()
+    target.set_scales(scales['scale_conv.weight'], scales['scale_1x1.weight'],
+                      scales.get('scale_identity.weight'))
+    return target
+
+
+@pytest.mark.parametrize('c_in, c_out, stride', [(3, 6, 2), (6, 10, 2), (6, 6, 1)],
+                         ids=['stem', 'stride-2', 'identity'])
+def test_multiplier_is_the_squared_jacobian_of_the_branches(c_in, c_out, stride):
+    """M = diag(J Jᵀ), J = dW'/d(K, P, i) with s, t constant, and J Jᵀ is diagonal."""
+    csla = _csla(c_in, c_out, stride, seed=c_in + c_out)
+    names = ['conv.weight', 'conv_1x1.weight'] + (['scale_identity.weight']
+                                                   if csla.has_identity else [])
+    own = dict(csla.named_parameters())
+
+    class Kernel(nn.Module):  # W'(K, P, i) through the layer's own equivalent_kernel()
+        def __init__(self):
+            super().__init__()
+            self.layer = csla
+
+        def forward(self):
+            return self.layer.equivalent_kernel()
+
+    def kernel(*values):
+        return torch.func.functional_call(
+            Kernel(), {f'layer.{n}': v for n, v in zip(names, values)}, ())
+
+    jac = torch.autograd.functional.jacobian(kernel, tuple(own[n].detach() for n in names))
+    n = csla.conv.weight.numel()
+    J = torch.cat([j.reshape(n, -1) for j in jac], dim=1)
+    JJt = J @ J.T
+    assert torch.equal(JJt, torch.diag(torch.diagonal(JJt)))
+    (weight, branches), = _target_like(csla).repopt_branch_scales().items()
+    mult = (branches.double() ** 2).sum(0)
+    torch.testing.assert_close(torch.diagonal(JJt).view(weight.shape), mult, rtol=0, atol=1e-6)
+    # the scales index output channels: s_c scales row c of M
+    s = csla.scale_conv.weight
+    torch.testing.assert_close(mult[:, :, 0, 0], (s ** 2).view(-1, 1).expand(-1, c_in).to(
+        mult), rtol=1e-6, atol=0)
+    centre = mult[:, :, 1, 1] - mult[:, :, 0, 0]
+    eye = torch.eye(c_out, c_in, dtype=mult.dtype) if csla.has_identity else 0
+    expected = ((csla.scale_1x1.weight ** 2).view(-1, 1) + eye).expand_as(centre).to(mult)
+    torch.testing.assert_close(centre, expected, rtol=1e-6, atol=1e-7)
+
+
+def _csla_model_like(target, generator_seed):
+    """A CSLA model with the target's constants and the K0, P0 the target's rule of
+    initialization draws from the same seed."""
+    csla = RepOptVGG(TINY, mode='csla', scales=_target_scales(target))
+    g = torch.Generator().manual_seed(generator_seed)
+    with torch.no_grad():
+        for layer in csla.layers().values():
+            layer.conv.weight.copy_(_random_kernel(layer.conv.weight.shape, 'torch', g))
+            layer.conv_1x1.weight.copy_(_random_kernel(layer.conv_1x1.weight.shape, 'torch', g))
+    return csla
+
+
+def _target_scales(target):
+    out = {}
+    for name, m in target.layers().items():
+        out[f'{name}.scale_conv.weight'] = m.scale_conv.clone()
+        out[f'{name}.scale_1x1.weight'] = m.scale_1x1.clone()
+        if m.has_identity:
+            out[f'{name}.scale_identity.weight'] = m.scale_identity.clone()
+    return out
+
+
+def _random_scales(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    scales = {}
+    for name, m in model.layers().items():
+        for key in ('scale_conv', 'scale_1x1', 'scale_identity')[:3 if m.has_identity else 2]:
+            v = torch.randn(m.out_channels, generator=g)
+            v[0] = 0.0 if key == 'scale_1x1' else v[0]
+            scales[f'{name}.{key}.weight'] = v
+    return scales
+
+
+@pytest.mark.parametrize('identity_init', ['searched', 'one'])
+def test_rule_of_initialization_starts_where_the_csla_block_starts(identity_init):
+    """Step 0: the re-initialized target and the CSLA block with the same random kernels
+    give the same outputs (train and eval mode), odd and even sizes, float64."""
+    target = RepOptVGG(TINY, identity_init=identity_init).double()
+    target.load_scales(_random_scales(target, seed=1))
+    target.reinitialize(torch.Generator().manual_seed(5))  # computed in float64
+    csla = _csla_model_like(target, 5)
+    if identity_init == 'one':
+        with torch.no_grad():
+            for layer in csla.layers().values():
+                if layer.has_identity:
+                    layer.scale_identity.weight.fill_(1.0)
+    target, csla = target.double(), csla.double()
+    for mode in ('train', 'eval'):
+        for m in (target, csla):
+            m.train(mode == 'train')
+        for shape in ((17, 13), (32, 32)):
+            x = torch.randn(2, 3, *shape, dtype=torch.float64)
+            for a, b in zip(target(x), csla(x)):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_rule_of_initialization_never_runs_over_trained_weights(tmp_path):
+    model = RepOptVGG(TINY)
+    model.train()(torch.randn(2, 3, 16, 16))  # BatchNorm statistics: the model has trained
+    with pytest.raises(RuntimeError, match='from scratch'):
+        model.init_weights()
+    ckpt = tmp_path / 'target.pth'
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    loaded = RepOptVGG(TINY, init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+    loaded.init_weights()  # loads, does not re-initialize
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize('mode', ['target', 'hs', 'csla', 'repvgg'])
+def test_every_mode_folds_exactly_into_the_deployed_network(mode):
+    model = randomize_(RepOptVGG(TINY, mode=mode)).double().eval()
+    deployed = RepOptVGG(TINY, deploy=True)
+    for shape in ((17, 13), (24, 40)):
+        x = torch.randn(2, 3, *shape, dtype=torch.float64)
+        before = model(x)
+        folded = mmrepa.reparameterize(copy.deepcopy(model))
+        for a, b in zip(before, folded(x)):
+            torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10 * a.abs().max().item())
+    assert folded.state_dict().keys() == deployed.state_dict().keys()
+    deployed.load_state_dict(folded.float().state_dict())
+    # fp32 too
+    model32, x = model.float(), torch.randn(1, 3, 19, 21)
+    out = model32(x)[-1]
+    torch.testing.assert_close(mmrepa.reparameterize(copy.deepcopy(model32))(x)[-1], out,
+                               rtol=1e-4, atol=1e-4 * out.abs().max().item())
+
+
+@pytest.mark.parametrize('arch, tensors, floats', [('B1', 79, 34_048), ('B2', 79, 42_528),
+                                                   ('L1', 139, 54_016), ('L2', 139, 67_488)])
+def test_released_scale_files_load_by_name(arch, tensors, floats):
+    path = scales_file(arch)
+    released = torch.load(path, weights_only=True)
+    assert (len(released), sum(v.numel() for v in released.values())) == (tensors, floats)
+    with torch.device('meta'):
+        model = RepOptVGG(arch, mode='csla')
+    model.to_empty(device='cpu')
+    model.load_scales(path)
+    assert model.export_scales().keys() == released.keys()
+    for k, v in model.export_scales().items():
+        assert torch.equal(v, released[k]), k
+
+
+def test_released_b1_scales_are_what_the_spec_describes():
+    released = torch.load(scales_file('B1'), weights_only=True)
+    assert sum(int((v < 0).sum()) for v in released.values()) == 156
+    mixed = sum(int((v * released[k.replace('scale_conv', 'scale_1x1')] < 0).sum())
+                for k, v in released.items() if k.endswith('scale_conv.weight'))
+    assert mixed == 90
+    assert round(released['stage3.15.scale_conv.weight'].mean().item(), 4) == 0.3021
+    # the multiplier they give: the largest centre-diagonal value is 10.3
+    target = RepOptVGG('B1', scales=scales_file('B1'))
+    largest = max(float((b.double() ** 2).sum(0)[:, :, 1, 1].max())
+                  for m in target.layers().values()
+                  for b in m.repopt_branch_scales().values())
+    assert round(largest, 1) == 10.3
+
+
+def test_wrong_scales_are_refused_by_key(tmp_path):
+    with pytest.raises(CheckpointError, match=r'stage1\.4\.scale_conv\.weight'):
+        RepOptVGG('L1', mode='csla', scales=scales_file('B1'))  # B1 has 4 layers in stage 1
+    with pytest.raises(CheckpointError, match=r'stage0\.scale_conv\.weight has shape \(64,\).*'
+                       r'another arch'):
+        RepOptVGG(dict(ARCH_B1_WIDER), scales=scales_file('B1'))
+    partial = torch.load(scales_file('B1'), weights_only=True)
+    del partial['stage2.3.scale_1x1.weight']
+    torch.save(partial, tmp_path / 'partial.pth')
+    with pytest.raises(CheckpointError, match=r'no scales for \[.stage2\.3\.scale_1x1\.weight'):
+        RepOptVGG('B1', scales=str(tmp_path / 'partial.pth'))
+    with pytest.raises(FileNotFoundError, match='nothing.pth'):
+        RepOptVGG('B1', scales=str(tmp_path / 'nothing.pth'))
+    with pytest.raises(ConfigError, match="mode 'hs'"):
+        RepOptVGG(TINY, mode='hs', scales=_random_scales(RepOptVGG(TINY), 0))
+
+
+ARCH_B1_WIDER = dict(depths=(4, 6, 16, 1), widths=(128, 256, 512, 2048), stem_width=32)
+
+
+def test_a_hyper_search_checkpoint_is_scales_not_weights(tmp_path):
+    hs = RepOptVGG(TINY, mode='hs')
+    ckpt = tmp_path / 'hs.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in hs.state_dict().items()}}, ckpt)
+    target = RepOptVGG(TINY, init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+    with pytest.raises(CheckpointError, match=r'Hyper-Search checkpoint.*scales=PATH'):
+        target.init_weights()
+    # given as scales, the whole checkpoint works, and export round-trips exactly
+    target = RepOptVGG(TINY, scales=str(ckpt))
+    assert _target_scales(target).keys() == hs.export_scales().keys()
+    for k, v in hs.export_scales().items():
+        assert torch.equal(_target_scales(target)[k], v), k
+
+
+def test_deployed_checkpoints_and_training_ones_are_not_mixed_up():
+    trained = RepOptVGG(TINY).eval()
+    folded = mmrepa.reparameterize(copy.deepcopy(trained))
+    with pytest.raises(CheckpointError, match='deploy=True'):
+        RepOptVGG(TINY).load_state_dict(folded.state_dict())
+    with pytest.raises(CheckpointError, match='unfolded'):
+        RepOptVGG(TINY, deploy=True).load_state_dict(trained.state_dict())
+
+
+def test_frozen_stages_and_outputs():
+    model = RepOptVGG(TINY, frozen_stages=2, out_indices=(1, 3))
+    model.train()
+    assert not model.stage0.training and not model.stage2[0].training
+    assert model.stage3[0].training
+    assert all(not p.requires_grad for p in model.stage2.parameters())
+    outs = model(torch.randn(1, 3, 64, 48))
+    assert [tuple(o.shape) for o in outs] == [(1, 16, 8, 6), (1, 32, 2, 2)]  # strides 8, 32
+    assert isinstance(model.norm1, nn.Identity)
