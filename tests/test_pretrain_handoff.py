@@ -106,7 +106,7 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
 @pytest.fixture(scope='module')
 def train(tmp_path_factory):
     """``train(base)``: (classifier config, its checkpoint after ITERS iterations of
-    tools/train.py, base), trained once per module and family."""
+    tools/train.py with --auto-scale-lr, base, the training log), once per module and family."""
     done = {}
 
     def trained(base):
@@ -115,9 +115,9 @@ def train(tmp_path_factory):
             data = write_images(str(tmp / 'data'))
             config = tiny_classifier_config(base, FAMILIES[base][1], data,
                                             str(tmp / 'classifier.py'))
-            run_tool(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir',
-                     str(tmp / 'work'))
-            done[base] = config, str(tmp / 'work' / f'iter_{ITERS}.pth'), base
+            log = run_tool(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir',
+                           str(tmp / 'work'), '--auto-scale-lr')
+            done[base] = config, str(tmp / 'work' / f'iter_{ITERS}.pth'), base, log
         return done[base]
 
     return trained
@@ -161,7 +161,7 @@ def stage_features(backbone, x):
 
 
 def test_dense_configs_load_the_classifier_checkpoint_as_it_is(trained):
-    config, checkpoint, base = trained
+    config, checkpoint, base, _ = trained
     classifier = init_model(config, checkpoint).double()
     x = torch.randn(1, 3, 64, 96, dtype=torch.float64)
     expected = stage_features(classifier.backbone, x)
@@ -180,7 +180,7 @@ def test_dense_configs_load_the_classifier_checkpoint_as_it_is(trained):
 
 
 def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
-    config, checkpoint, base = trained
+    config, checkpoint, base, _ = trained
     arch = dict(FAMILIES[base][1])
     key = 'embed_dims' if 'embed_dims' in arch else 'dims'
     arch[key] = (arch[key] * 2 if key == 'embed_dims' else tuple(d * 2 for d in arch[key]))
@@ -190,9 +190,11 @@ def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
 
 
 def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
-    """tools/test.py (top-1 unchanged by --reparam), mmpretrain's own tools/test.py on the
+    """tools/train.py --auto-scale-lr, tools/test.py (top-1 unchanged by --reparam), mmpretrain's own tools/test.py on the
     deploy config with a checkpoint folded by tools/reparameterize.py, tools/get_flops.py."""
-    config, checkpoint, _ = trained_repa_swin
+    config, checkpoint, _, train_log = trained_repa_swin
+    # the recipe's learning rate is for the paper's 4096 images per step; this run has 4
+    assert 'LR is set based on batch size of 4096 and the current batch size is 4' in train_log
     metrics = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
         out = str(tmp_path / f'{name}.json')

@@ -1,4 +1,4 @@
-"""Test a checkpoint with an mmdet / mmseg config; ``--reparam`` tests the folded model.
+"""Test a checkpoint with an mmdet, mmseg or mmpretrain config; ``--reparam`` folds it first.
 
     python tools/test.py CONFIG CHECKPOINT [--reparam] [--work-dir DIR]
 

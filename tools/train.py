@@ -1,4 +1,4 @@
-"""Train a detector or segmentor from an mmdet / mmseg config (mmrepa backbones included).
+"""Train a detector, segmentor or classifier from an mmdet / mmseg / mmpretrain config.
 
     python tools/train.py configs/retinanet_repa_swin_b_1x_coco.py [--work-dir DIR] [--resume]
 
@@ -17,6 +17,10 @@ from mmrepa.tool_inputs import check_inputs
 def parse_args():
     parser = tool_argument_parser(__doc__.strip().splitlines()[0])
     parser.add_argument('--amp', action='store_true', help='automatic mixed precision')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help="scale the learning rate from the config's auto_scale_lr."
+                        'base_batch_size (the paper\'s global batch) to the real one '
+                        '(processes x train_dataloader.batch_size), linearly')
     parser.add_argument('--resume', nargs='?', const='auto', metavar='CHECKPOINT',
                         help='resume from CHECKPOINT, or from the latest one in the work dir')
     return parser.parse_args()
@@ -29,6 +33,11 @@ def main():
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if args.auto_scale_lr:
+        if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
+            raise SystemExit(f'tools/train.py: --auto-scale-lr: {args.config} has no '
+                             'auto_scale_lr.base_batch_size to scale from')
+        cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif args.resume:

@@ -83,6 +83,11 @@ def _box_mask(box, mask, notes):
     ]
 
 
+def _top1(top1, notes):
+    return [dict(Task='Image Classification', Dataset='ImageNet-1k',
+                 Metrics={'Top 1 Accuracy': top1}, Notes=notes)]
+
+
 def _miou(miou, notes):
     return [dict(Task='Semantic Segmentation', Dataset='ADE20K', Metrics={'mIoU': miou},
                  Notes=notes)]
@@ -129,14 +134,34 @@ PAPER_RESULTS = {
     # APs are not legible in the text of the paper we have, so they are left out.
     'mask-rcnn_slab_swin_t_1x_coco': _box(
         43.9, f'reported in the SLAB paper (Table 3, box AP), {_NOT_REPRODUCED}'),
+    # ImageNet-1k top-1 at 224 px of the classifier configs' own recipes
+    **{f'repa_swin_{size}_32xb128_in1k': _top1(
+        top1, f'reported in the RePaFormer paper (Table 2), {_NOT_REPRODUCED}')
+       for size, top1 in (('t', 78.5), ('s', 81.6), ('b', 82.6))},
+    **{f'{family}_{size}_32xb128_in1k': _top1(
+        top1, f'reported in the MetaFormer Baselines paper (Table V), {_NOT_REPRODUCED}')
+       for family, tops in (('convformer', (83.0, 84.1, 84.5, 84.8)),
+                            ('caformer', (83.6, 84.5, 85.2, 85.5)))
+       for size, top1 in zip(('s18', 's36', 'm36', 'b36'), tops)},
+    'prepbn_swin_t_8xb128_in1k': _top1(
+        81.4, f'reported in the SLAB paper (Table 1, Swin-T-PRepBN), {_NOT_REPRODUCED}'),
+    'prepbn_swin_s_8xb128_in1k': _top1(
+        83.2, f'reported in the SLAB paper (Table 1, Swin-S-PRepBN), {_NOT_REPRODUCED}'),
+    'slab_swin_t_8xb128_in1k': _top1(
+        81.8, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'),
+    'slab_swin_s_8xb128_in1k': _top1(
+        83.6, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'),
 }
 
-DATASETS = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K'}
+DATASETS = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K', 'ImageNet': 'ImageNet-1k'}
 
 
 def list_configs(root: str = ROOT) -> list:
-    """The configs the index covers: ``configs/*.py`` (not ``demo/`` nor ``_base_/``)."""
-    return sorted(osp.relpath(p, root) for p in glob.glob(osp.join(root, 'configs', '*.py')))
+    """The configs the index covers: ``configs/*.py`` (not ``demo/`` nor ``_base_/``), but
+    not the ``*_deploy_*`` variants: they build an indexed model folded, whose counts are
+    that model's ``(folded)`` fields."""
+    return sorted(osp.relpath(p, root) for p in glob.glob(osp.join(root, 'configs', '*.py'))
+                  if '_deploy_' not in osp.basename(p))
 
 
 def model_name(config: str) -> str:
@@ -193,6 +218,8 @@ def describe(config: str, root: str = ROOT) -> dict:
     if model.get('neck'):
         arch.append(model.neck.type)
     arch.append(model.decode_head.type if 'decode_head' in model else model.type)
+    if model.type == 'ImageClassifier':
+        arch.append(model.head.type)
     if model.get('auxiliary_head'):
         arch.append(model.auxiliary_head.type)
     meta['Architecture'] = arch
