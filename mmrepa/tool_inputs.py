@@ -95,6 +95,13 @@ def _pretrained_paths(node, key: str) -> Iterator[Tuple[str, str, str]]:
             yield from _pretrained_paths(value, f'{key}.{i}')
 
 
+def _scales_paths(model) -> Iterator[Tuple[str, str, str]]:
+    """RepOptVGG's ``scales`` file (read when the model is built, by every tool)."""
+    backbone = (model or {}).get('backbone') or {}
+    if isinstance(backbone, dict) and isinstance(backbone.get('scales'), str):
+        yield ('Hyper-Search scales checkpoint', 'model.backbone.scales', backbone['scales'])
+
+
 def _split_configured(cfg: Config, split: str) -> bool:
     if not cfg.get(f'{split}_dataloader'):
         return False
@@ -113,7 +120,8 @@ def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: boo
             annotation files, ``data_prefix`` directories and evaluator annotation files. A
             ``'val'`` or ``'test'`` split the config does not set up is skipped.
         pretrained: also the ``Pretrained`` ``init_cfg`` checkpoints in ``cfg.model`` (read by
-            ``init_weights`` when training starts).
+            ``init_weights`` when training starts). A backbone's ``scales`` file (RepOptVGG)
+            is always checked: building the model reads it.
         checkpoints: more ``(what, where it comes from, path)`` to check, e.g. ``load_from``;
             ``None`` paths are skipped.
 
@@ -128,6 +136,7 @@ def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: boo
         found += _evaluator_paths(cfg.get(f'{split}_evaluator'), f'{split}_evaluator', split)
     if pretrained:
         found += _pretrained_paths(cfg.get('model'), 'model')
+    found += _scales_paths(cfg.get('model'))  # read when the model is built
     found += [c for c in checkpoints if c[2]]
     missing, seen = [], set()
     for what, key, path in found:

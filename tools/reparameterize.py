@@ -12,17 +12,14 @@ The input is never overwritten; OUT is written atomically and an existing OUT is
 unless --force is given.
 """
 import argparse
-import os
 import os.path as osp
-import sys
-import tempfile
 
-import torch
 from mmengine.config import DictAction
 from mmengine.runner import load_checkpoint
 
 import mmrepa
 from mmrepa.apis import init_model, one_line_errors
+from mmrepa.checkpoint import check_output_path, save_atomically
 
 
 def parse_args(argv=None):
@@ -38,10 +35,7 @@ def parse_args(argv=None):
 @one_line_errors('tools/reparameterize.py')
 def main(argv=None):
     args = parse_args(argv)
-    if osp.exists(args.out) and osp.samefile(args.out, args.checkpoint):
-        sys.exit(f'OUT is the input checkpoint {args.checkpoint}; choose another path')
-    if osp.exists(args.out) and not args.force:
-        sys.exit(f'{args.out} exists; pass --force to replace it')
+    check_output_path(args.out, args.checkpoint, args.force)
     model = init_model(args.config, cfg_options=args.cfg_options)
     # loaded here rather than by init_model: the checkpoint's meta is kept
     checkpoint = load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)
@@ -51,16 +45,7 @@ def main(argv=None):
     meta.update(mmrepa=dict(deploy=True, version=mmrepa.__version__,
                             source=osp.abspath(args.checkpoint)),
                 config=model.cfg.pretty_text)
-    out_dir = osp.dirname(osp.abspath(args.out))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.tmp')
-    os.close(fd)
-    try:
-        torch.save(dict(meta=meta, state_dict=model.state_dict()), tmp)
-        os.replace(tmp, args.out)  # atomic on one file system
-    finally:
-        if osp.exists(tmp):
-            os.remove(tmp)
+    save_atomically(dict(meta=meta, state_dict=model.state_dict()), args.out)
     params = sum(p.numel() for p in model.parameters())
     print(f'wrote the folded model ({params / 1e6:.2f} M parameters) to {args.out}; load it with '
           f'--cfg-options model.backbone.deploy=True')

@@ -1,0 +1,29 @@
+"""Writing checkpoints the tools produce: never over their input, never half-written."""
+import os
+import os.path as osp
+import tempfile
+
+import torch
+
+
+def check_output_path(out: str, source: str, force: bool = False) -> None:
+    """Refuse ``out`` if it is ``source`` itself, or exists and ``force`` is not set."""
+    if osp.exists(out) and osp.samefile(out, source):
+        raise SystemExit(f'OUT is the input {source}; choose another path')
+    if osp.exists(out) and not force:
+        raise SystemExit(f'{out} exists; pass --force to replace it')
+
+
+def save_atomically(obj, path: str) -> None:
+    """``torch.save(obj, path)`` through a temporary file in the same directory, renamed in
+    one step: a crash leaves the old file or none, never a truncated one."""
+    out_dir = osp.dirname(osp.abspath(path))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.tmp')
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)  # atomic on one file system
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
