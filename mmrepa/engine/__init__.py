@@ -1,5 +1,6 @@
 from .hooks import (BNRecalibrationHook, PRepBNScheduleHook, ReparameterizeHook,
                     average_bn_statistics, recalibrate_bn, recalibrate_model_bn)
+from . import optimizers  # noqa: F401  (registers RepOptSGD, RepOptAdamW and their constructor)
 
 __all__ = [
     'BNRecalibrationHook', 'PRepBNScheduleHook', 'ReparameterizeHook', 'average_bn_statistics',
