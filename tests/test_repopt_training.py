@@ -146,3 +146,19 @@ def test_the_deployed_model_of_a_trained_target_is_exact():
     before = target(x)
     folded = mmrepa.reparameterize(copy.deepcopy(target))
     torch.testing.assert_close(folded(x), before, rtol=1e-12, atol=1e-12)
+
+
+def test_constants_loaded_after_the_optimizer_is_built_are_the_ones_used():
+    """mmengine's Runner builds the optimizer, then init_weights / load_from / resume bring
+    the constants: the first step must use those, not the ones seen when it was built."""
+    hyper = dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.05)
+    target, csla = twins()
+    loaded = copy.deepcopy(target.state_dict())
+    with torch.no_grad():
+        for m in target.backbone.layers().values():  # what a fresh model has before loading
+            m.set_scales(torch.ones(m.out_channels), torch.ones(m.out_channels),
+                         torch.ones(m.out_channels))
+    wrapper = repopt_wrapper(target, **hyper)
+    target.load_state_dict(loaded)  # as load_from / resume would
+    assert max_relative(train(target, wrapper, STEPS),
+                        train(csla, csla_wrapper(csla, **hyper), STEPS)) < 1e-10

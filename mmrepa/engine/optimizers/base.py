@@ -1,7 +1,7 @@
 """What the RepOpt optimizers share: the attached branch scales of the RepOpt kernels and the
 exact CSLA-norm gradient clipping."""
 import math
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -29,6 +29,8 @@ class RepOptOptimizer(Optimizer):
         super().__init__(params, defaults)
         # None = not attached yet (an error at step); {} = attached, no RepOpt kernel
         self._repopt: Optional[Dict[nn.Parameter, torch.Tensor]] = None
+        self._scale_source: Optional[Callable[[], BranchScales]] = None
+        self._scale_names: Dict[nn.Parameter, str] = {}
         self.csla_clip: Optional[dict] = None
 
     def __setstate__(self, state: dict) -> None:
@@ -36,13 +38,16 @@ class RepOptOptimizer(Optimizer):
         # be re-attached, and says so at its first step instead of training without multipliers
         super().__setstate__(state)
         self.__dict__.setdefault('_repopt', None)
+        self.__dict__.setdefault('_scale_source', None)
+        self.__dict__.setdefault('_scale_names', {})
         self.__dict__.setdefault('csla_clip', None)
 
     # --- branch scales ------------------------------------------------------------------------
 
     def attach_branch_scales(self,
                              scales: BranchScales,
-                             names: Optional[Dict[nn.Parameter, str]] = None) -> None:
+                             names: Optional[Dict[nn.Parameter, str]] = None,
+                             source: Optional[Callable[[], BranchScales]] = None) -> None:
         """Attach the branch scales of the RepOpt kernels (replacing earlier ones).
 
         Args:
@@ -50,8 +55,13 @@ class RepOptOptimizer(Optimizer):
                 (:func:`collect_branch_scales`). Every kernel must be in this optimizer's
                 parameter groups. ``{}`` makes the optimizer plain SGD / AdamW on purpose.
             names: Parameter names for error messages.
+            source: Gives the scales again; they are rebuilt from it once, at the first
+                :meth:`step`. mmengine's Runner builds the optimizer before ``init_weights``,
+                ``load_from`` and resume, which may bring the constants (the layers' buffers)
+                of a pretrained or resumed model: the first step sees those.
         """
         names = names or {}
+        self._scale_source, self._scale_names = source, names
         in_groups = {p for group in self.param_groups for p in group['params']}
         stored: Dict[nn.Parameter, torch.Tensor] = {}
         for p, a in scales.items():
@@ -63,6 +73,12 @@ class RepOptOptimizer(Optimizer):
                                  'parameter objects (not a copy, not FSDP-flattened)')
             stored[p] = self._prepare_scales(p, a.detach().to(p.device))
         self._repopt = stored
+
+    def _refresh_scales(self) -> None:
+        """Rebuild the scales from their source if the first step has not done so yet."""
+        if self._scale_source is not None:
+            source, names = self._scale_source, self._scale_names
+            self.attach_branch_scales(source(), names)
 
     def _prepare_scales(self, param: nn.Parameter, scales: torch.Tensor) -> torch.Tensor:
         """What to keep per kernel (the subclass decides: ``M`` for SGD, ``A`` for AdamW)."""
@@ -149,7 +165,9 @@ class RepOptOptimizer(Optimizer):
         return torch.stack([s.to(device, dtype) for s in squares]).sum().sqrt()
 
     def _clip_coef(self) -> Optional[torch.Tensor]:
-        """The factor of every raw gradient at this step (None: no clipping)."""
+        """The factor of every raw gradient at this step (None: no clipping). Called first in
+        every step: it also rebuilds pending scales (:meth:`attach_branch_scales`)."""
+        self._refresh_scales()
         if self.csla_clip is None:
             return None
         norm = self.csla_grad_norm()

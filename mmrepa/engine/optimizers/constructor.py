@@ -198,7 +198,10 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         optimizer_cfg['params'] = params
         optimizer = OPTIMIZERS.build(optimizer_cfg)
 
-        optimizer.attach_branch_scales(self._check_groups(optimizer, scales, names), names)
+        kept = self._check_groups(optimizer, scales, names)
+        optimizer.attach_branch_scales(
+            kept, names, source=lambda: {p: a for p, a in collect_branch_scales(model).items()
+                                         if p in kept})
         if clip is not None:
             try:
                 optimizer.set_csla_clip(**clip)
