@@ -58,13 +58,17 @@ def test_parameter_counts_equal_the_spec_in_every_mode(arch, inference, training
         assert params(RepOptVGG(arch, mode='repvgg')) + fc(1000) == repvgg
 
 
-def test_macs_of_b1_equal_the_spec():
-    """11.813 GMACs for the backbone at 224 x 224, 11.815 with the FC (SPEC §6.8)."""
-    model = RepOptVGG('B1', deploy=True, out_indices=(3, )).eval()
-    macs = complexity(model, (torch.zeros(1, 3, 224, 224), ))['macs']
-    assert round(macs / 1e9, 3) == 11.813
-    assert round((macs + 2048 * 1000) / 1e9, 3) == 11.815
-    assert complexity(model, (torch.zeros(1, 3, 224, 224), ))['params'] == 49_780_480
+@pytest.mark.parametrize('arch, gmacs, with_fc, backbone_params', [
+    ('B1', 11.813, 11.815, 49_780_480), ('B2', 18.374, 18.377, 77_754_112),
+    ('L1', 21.062, 21.064, 73_969_920), ('L2', 32.825, 32.827, 115_548_032)])
+def test_macs_equal_the_spec(arch, gmacs, with_fc, backbone_params):
+    """The folded backbone at 224 x 224, without and with the FC-1000 (SPEC §6.8)."""
+    model = RepOptVGG(arch, deploy=True, out_indices=(3, )).eval()
+    counts = complexity(model, (torch.zeros(1, 3, 224, 224), ))
+    fc = model.num_features[-1] * 1000
+    assert round(counts['macs'] / 1e9, 3) == gmacs
+    assert round((counts['macs'] + fc) / 1e9, 3) == with_fc
+    assert counts['params'] == backbone_params
 
 
 def _csla(c_in, c_out, stride, seed):
