@@ -45,6 +45,14 @@ PAPERS = {
                  'Re-parameterized Batch Normalization',
         'URL': 'https://arxiv.org/abs/2405.11582'
     },
+    'repoptimizers': {
+        'Title': 'Re-parameterizing Your Optimizers rather than Architectures',
+        'URL': 'https://arxiv.org/abs/2205.15242'
+    },
+    'repvgg': {
+        'Title': 'RepVGG: Making VGG-style ConvNets Great Again',
+        'URL': 'https://arxiv.org/abs/2101.03697'
+    },
     'swin': {
         'Title': 'Swin Transformer: Hierarchical Vision Transformer using Shifted Windows',
         'URL': 'https://arxiv.org/abs/2103.14030'
@@ -64,6 +72,9 @@ COLLECTIONS = {
     'PRepBN-Swin': ('prepbn_swin.yml', 'slab', ['PRepBNSwin', 'PRepBN']),
     'SLAB-Swin': ('prepbn_swin.yml', 'slab',
                   ['PRepBNSwin', 'PRepBN', 'Simplified linear attention']),
+    'RepOpt-VGG': ('repopt_vgg.yml', 'repoptimizers',
+                   ['RepOptVGG', 'Gradient re-parameterization', 'Hyper-Search']),
+    'RepVGG': ('repopt_vgg.yml', 'repvgg', ['RepOptVGG (mode repvgg)', 'RepVGG block']),
 }
 
 _NOT_REPRODUCED = 'not reproduced by mmrepa'
@@ -88,8 +99,8 @@ def _top1(top1, notes):
                  Metrics={'Top 1 Accuracy': top1}, Notes=notes)]
 
 
-def _miou(miou, notes):
-    return [dict(Task='Semantic Segmentation', Dataset='ADE20K', Metrics={'mIoU': miou},
+def _miou(miou, notes, dataset='ADE20K'):
+    return [dict(Task='Semantic Segmentation', Dataset=dataset, Metrics={'mIoU': miou},
                  Notes=notes)]
 
 
@@ -151,9 +162,24 @@ PAPER_RESULTS = {
         81.8, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'),
     'slab_swin_s_8xb128_in1k': _top1(
         83.6, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'),
+    # RepOptimizers: Table 2 (ImageNet top-1 at batch 32 per GPU, mean of 3 runs) and Table 7
+    **{f'repopt_vgg_{size}_8xb32_in1k': _top1(
+        top1, f'reported in the RepOptimizers paper (Table 2), {_NOT_REPRODUCED}')
+       for size, top1 in (('b1', 78.47), ('b2', 79.36), ('l1', 79.46), ('l2', 80.29))},
+    'repvgg_b1_8xb32_in1k': _top1(
+        78.41, f'reported in the RepOptimizers paper (Table 2), {_NOT_REPRODUCED}'),
+    **{f'cascade-mask-rcnn_{name}_b1_1x_coco': [dict(
+        Task='Object Detection', Dataset='COCO', Metrics={'mAP': ap},
+        Notes=f'reported in the RepOptimizers paper (Table 7, which does not say whether box or '
+              f'mask AP), {_NOT_REPRODUCED}')] for name, ap in (('repopt_vgg', 43.50),
+                                                                ('repvgg', 43.60))},
+    **{f'upernet_{name}_b1_512x1024_40k_cityscapes': _miou(
+        miou, f'reported in the RepOptimizers paper (Table 7), {_NOT_REPRODUCED}', 'Cityscapes')
+       for name, miou in (('repopt_vgg', 79.36), ('repvgg', 79.15))},
 }
 
-DATASETS = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K', 'ImageNet': 'ImageNet-1k'}
+DATASETS = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K', 'ImageNet': 'ImageNet-1k',
+            'CIFAR100': 'CIFAR-100', 'CityscapesDataset': 'Cityscapes'}
 
 
 def list_configs(root: str = ROOT) -> list:
@@ -194,6 +220,8 @@ def family(backbone: dict) -> str:
         return f'RePa-{kind}' if repa else kind
     if kind == 'PRepBNSwin':
         return 'SLAB-Swin' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-Swin'
+    if kind == 'RepOptVGG':
+        return 'RepVGG' if backbone.get('mode') == 'repvgg' else 'RepOpt-VGG'
     raise ValueError(f'no collection for backbone type {kind!r}')
 
 
@@ -236,10 +264,15 @@ def describe(config: str, root: str = ROOT) -> dict:
 
 def run_get_flops(config: str, out: str, root: str = ROOT) -> float:
     """``tools/get_flops.py CONFIG --json OUT`` in a subprocess; returns its wall time (s)."""
+    from mmengine.config import Config
+    extra = []
+    if isinstance(Config.fromfile(osp.join(root, config)).model.backbone.get('scales'), str):
+        # RepOpt-VGG's Hyper-Search constants change no count, and are not published here
+        extra = ['--cfg-options', 'model.backbone.scales=None']
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, osp.join(root, 'tools', 'get_flops.py'), config, '--json', out],
-        cwd=root, capture_output=True, text=True)
+        [sys.executable, osp.join(root, 'tools', 'get_flops.py'), config, '--json', out,
+         *extra], cwd=root, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f'get_flops failed on {config}:\n{proc.stdout}{proc.stderr}'[-4000:])
     return time.perf_counter() - start
