@@ -21,6 +21,19 @@ def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def shapes_cfg_options(data: str) -> list:
+    """``--cfg-options`` that point the demo detector config at a generated shapes set in
+    ``data`` (ending in '/'), without worker processes; an untrained detector still detects."""
+    options = []
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        options += [f'{loader}.dataset.data_root={data}', f'{loader}.num_workers=0',
+                    f'{loader}.persistent_workers=False']
+    for ev in ('val_evaluator', 'test_evaluator'):
+        options.append(f'{ev}.ann_file={data}annotations/val.json')
+    options.append('model.test_cfg.score_thr=0.0')
+    return options
+
+
 def max_abs_diff(a, b) -> float:
     if isinstance(a, (tuple, list)):
         return max(max_abs_diff(x, y) for x, y in zip(a, b))

@@ -11,6 +11,8 @@ import pytest
 
 from mmrepa.datasets import make_shapes_coco
 
+from .conftest import shapes_cfg_options
+
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
 UPERNET = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
@@ -58,13 +60,7 @@ def shapes(tmp_path_factory):
     """(root, cfg options) of a tiny shapes data set the demo config reads."""
     root = tmp_path_factory.mktemp('downstream')
     data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
-    options = []
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        options += [f'{loader}.dataset.data_root={data}', f'{loader}.num_workers=0',
-                    f'{loader}.persistent_workers=False']
-    for ev in ('val_evaluator', 'test_evaluator'):
-        options.append(f'{ev}.ann_file={data}annotations/val.json')
-    options.append('model.test_cfg.score_thr=0.0')  # an untrained detector still detects
+    options = shapes_cfg_options(data)
     return root, options
 
 

@@ -11,6 +11,8 @@ import torch
 
 from mmrepa.datasets import make_shapes_coco
 
+from .conftest import shapes_cfg_options
+
 # module-scoped fixtures: keep this file's tests on one xdist worker
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -29,13 +31,7 @@ def trained(tmp_path_factory):
     """(work dir, cfg options for the small data, checkpoint of 1 epoch of training)."""
     root = tmp_path_factory.mktemp('tools')
     data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
-    options = []
-    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        options += [f'{loader}.dataset.data_root={data}', f'{loader}.num_workers=0',
-                    f'{loader}.persistent_workers=False']
-    for ev in ('val_evaluator', 'test_evaluator'):
-        options.append(f'{ev}.ann_file={data}annotations/val.json')
-    options.append('model.test_cfg.score_thr=0.0')  # an untrained detector still detects
+    options = shapes_cfg_options(data)
     work = str(root / 'work')
     run_tool('tools/train.py', DEMO, '--work-dir', work, '--cfg-options', *options,
              'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',

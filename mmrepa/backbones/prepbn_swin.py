@@ -5,7 +5,7 @@ its neighbour (``qkv``, ``fc1``, the patch-merging reduction, the patch-embeddin
 folded backbone has no norm left but the LayerNorms on its outputs.
 """
 import re
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Sequence, Union
 
 import torch
 import torch.nn.functional as F

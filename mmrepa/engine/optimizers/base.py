@@ -181,6 +181,14 @@ class RepOptOptimizer(Optimizer):
         # torch.nn.utils.clip_grad_norm_'s formula, to match clipped CSLA training exactly
         return torch.clamp(self.csla_clip['max_norm'] / (norm + 1e-6), max=1.0)
 
+    def _begin_step(self, closure) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """What every step does first: ``(loss of closure() or None, clipping factor)``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        return loss, self._clip_coef()
+
     @staticmethod
     def _scaled(g: torch.Tensor, coef: Optional[torch.Tensor]) -> torch.Tensor:
         return g if coef is None else g * coef.to(g.device, g.dtype)

@@ -76,11 +76,7 @@ class RepOptAdamW(RepOptOptimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One update (see the class docstring); ``closure`` re-evaluates the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        coef = self._clip_coef()
+        loss, coef = self._begin_step(closure)
         for group in self.param_groups:
             lr = group['lr']
             beta1, beta2 = group['betas']
