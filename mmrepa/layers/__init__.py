@@ -1,6 +1,9 @@
 from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
 from .channel_idle_ffn import (ChannelIdleFFN, activate_first_, channels_last_norm,
                                num_active_channels)
+from .depth_join import (BranchSumLinear, JoinedAttention, JoinedBlock, JoinedFFN,
+                         stack_attention_branches, stack_ffn_branches,
+                         unstack_attention_branches, unstack_ffn_branches)
 from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
@@ -18,5 +21,7 @@ __all__ = [
     'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
     'ResScale', 'SepConv', 'WindowedSelfAttention', 'SimplifiedLinearAttention',
     'FoldablePatchEmbed', 'FoldablePatchMerging', 'PRepBN', 'RepBN', 'RepOptConvBN',
-    'CSLAConvBN', 'RepVGGConvBN'
+    'CSLAConvBN', 'RepVGGConvBN', 'BranchSumLinear', 'JoinedAttention', 'JoinedBlock',
+    'JoinedFFN', 'stack_attention_branches', 'stack_ffn_branches',
+    'unstack_attention_branches', 'unstack_ffn_branches'
 ]
