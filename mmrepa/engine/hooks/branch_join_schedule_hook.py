@@ -1,0 +1,196 @@
+import logging
+import math
+from typing import List, Optional, Tuple
+
+import torch.nn as nn
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+from mmengine.registry import HOOKS
+
+JOIN_SCHEDULE_MODES = ('linear', 'cosine', 'exp', 'sqrt')
+EXP_RATE = 5.0  # the paper's exponential schedule 1 − e^(−5t), SPEC-depth §7.3
+
+
+def join_lambda(it: int, begin_iter: int, end_iter: int, mode: str = 'linear') -> float:
+    """λ at iteration ``it`` of a joining ramp from 0 at ``begin_iter`` to 1 at ``end_iter``.
+
+    With ``t = (it − begin_iter) / (end_iter − begin_iter)``: λ = 0 for ``t <= 0`` and
+    λ = 1.0 exactly for ``t >= 1`` (set explicitly, not computed), and in between
+
+    - ``'linear'``: ``t``
+    - ``'cosine'``: ``(1 − cos πt) / 2``
+    - ``'exp'``: ``(1 − e^(−5t)) / (1 − e^(−5))``, the paper's ``1 − e^(−5t)`` rescaled so that
+      it reaches 1 at t = 1 (unscaled it ends at 0.9933 and the model never folds)
+    - ``'sqrt'``: ``√t``
+
+    Every curve is non-decreasing and stays in [0, 1].
+    """
+    if mode not in JOIN_SCHEDULE_MODES:
+        raise ValueError(f'mode must be one of {JOIN_SCHEDULE_MODES}, got {mode!r}')
+    if end_iter <= begin_iter:
+        raise ValueError(f'end_iter ({end_iter}) must be > begin_iter ({begin_iter})')
+    if it <= begin_iter:
+        return 0.0
+    if it >= end_iter:
+        return 1.0
+    t = (it - begin_iter) / (end_iter - begin_iter)
+    if mode == 'linear':
+        lam = t
+    elif mode == 'cosine':
+        lam = (1.0 - math.cos(math.pi * t)) / 2.0
+    elif mode == 'exp':
+        lam = -math.expm1(-EXP_RATE * t) / -math.expm1(-EXP_RATE)
+    else:
+        lam = math.sqrt(t)
+    return min(1.0, max(0.0, lam))  # rounding must never leave [0, 1]
+
+
+def join_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+    """The outermost modules of ``model`` with ``set_join_lambda`` (a JoinedBlock rather than
+    its JoinedAttention / JoinedFFN, which the block sets itself), as (name, module)."""
+    found: List[Tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not callable(getattr(module, 'set_join_lambda', None)):
+            continue
+        if any(name.startswith(f'{owner}.') or owner == '' for owner, _ in found):
+            continue  # a child of a module that is already set
+        found.append((name, module))
+    return found
+
+
+@HOOKS.register_module()
+class BranchJoinScheduleHook(Hook):
+    """Set λ of every joined module (:class:`~mmrepa.layers.JoinedBlock`, JoinedAttention,
+    JoinedFFN) from the runner's iteration: the depth joining ramp of SPEC-depth §7.3.
+
+    Before every training iteration ``it = runner.iter`` (0 for the first), and once in
+    ``before_train``, every joined module gets ``λ = join_lambda(it, begin_iter, end_iter,
+    mode)`` with ``t = (it − begin_iter) / (end_iter − begin_iter)``:
+
+    - λ = 0 while ``it <= begin_iter`` (independent branches),
+    - ``'linear'`` λ = t (the paper's default and best), ``'cosine'`` λ = (1 − cos πt) / 2,
+      ``'exp'`` λ = (1 − e^(−5t)) / (1 − e^(−5)) (the paper's 1 − e^(−5t), rescaled to reach 1),
+      ``'sqrt'`` λ = √t,
+    - λ = 1.0 exactly once ``it >= end_iter`` (the only value at which the block folds).
+
+    λ depends on ``runner.iter`` only, so gradient accumulation, validation and other extra
+    forward calls do not move it, and a resumed run continues the schedule exactly (λ is also
+    the ``join_lambda`` buffer of every joined layer, saved in checkpoints). ``runner.iter``
+    counts data batches: with gradient accumulation k, multiply the paper's optimizer steps
+    (10k ramp, then 50k at λ = 1, batch 1024) by k. λ is logged as ``join_lambda``.
+
+    The hook sets the outermost module that has ``set_join_lambda`` (a JoinedBlock sets its
+    two sub-layers); the sub-layers of a block are not set a second time. At the end of
+    training it warns if any joined layer still has λ < 1: such a model cannot be folded.
+
+    Args:
+        end_iter (int, optional): Iteration at which λ reaches 1.0.
+        end_ratio (float, optional): The same as a fraction of ``runner.max_iters``. Give
+            exactly one of ``end_iter`` and ``end_ratio``.
+        begin_iter (int, optional): Last iteration at λ = 0. Default: 0.
+        begin_ratio (float, optional): The same as a fraction of ``runner.max_iters``. Give at
+            most one of ``begin_iter`` and ``begin_ratio``.
+        mode (str): ``'linear'``, ``'cosine'``, ``'exp'`` or ``'sqrt'``. Default: ``'linear'``.
+
+    Example::
+
+        custom_hooks = [dict(type='BranchJoinScheduleHook', begin_iter=0, end_iter=10000)]
+    """
+
+    priority = 'NORMAL'
+
+    def __init__(self, end_iter: Optional[int] = None, end_ratio: Optional[float] = None,
+                 begin_iter: Optional[int] = None, begin_ratio: Optional[float] = None,
+                 mode: str = 'linear'):
+        if mode not in JOIN_SCHEDULE_MODES:
+            raise ValueError(f'BranchJoinScheduleHook: mode must be one of '
+                             f'{JOIN_SCHEDULE_MODES}, got mode={mode!r}')
+        if (end_iter is None) == (end_ratio is None):
+            raise ValueError('BranchJoinScheduleHook needs exactly one of end_iter (iterations) '
+                             f'and end_ratio (fraction of training), got end_iter={end_iter}, '
+                             f'end_ratio={end_ratio}')
+        if begin_iter is not None and begin_ratio is not None:
+            raise ValueError('BranchJoinScheduleHook takes at most one of begin_iter and '
+                             f'begin_ratio, got begin_iter={begin_iter}, '
+                             f'begin_ratio={begin_ratio}')
+        for name, value in (('begin_iter', begin_iter), ('end_iter', end_iter)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 0):
+                raise ValueError(f'BranchJoinScheduleHook: {name} must be an integer >= 0, '
+                                 f'got {name}={value!r}')
+        for name, value in (('begin_ratio', begin_ratio), ('end_ratio', end_ratio)):
+            if value is not None and not 0.0 <= value <= 1.0:  # also refuses NaN
+                raise ValueError(f'BranchJoinScheduleHook: {name} must be in [0, 1], got '
+                                 f'{name}={value!r}')
+        if begin_ratio is None and begin_iter is None:
+            begin_iter = 0
+        # Same unit on both sides: check now; mixed units are checked in before_train.
+        if end_iter is not None and begin_iter is not None and end_iter <= begin_iter:
+            raise ValueError(f'BranchJoinScheduleHook: end_iter must be > begin_iter, got '
+                             f'begin_iter={begin_iter}, end_iter={end_iter}')
+        if end_ratio is not None and begin_ratio is not None and end_ratio <= begin_ratio:
+            raise ValueError(f'BranchJoinScheduleHook: end_ratio must be > begin_ratio, got '
+                             f'begin_ratio={begin_ratio}, end_ratio={end_ratio}')
+        self.mode = mode
+        self.begin_iter, self.begin_ratio = begin_iter, begin_ratio
+        self.end_iter, self.end_ratio = end_iter, end_ratio
+        self._begin: int = begin_iter if begin_iter is not None else 0
+        self._end: int = end_iter if end_iter is not None else 1
+        self._modules: List[Tuple[str, nn.Module]] = []
+
+    @staticmethod
+    def _unwrap(runner) -> nn.Module:
+        model = runner.model
+        return getattr(model, 'module', model)  # DDP and similar wrappers
+
+    def _options(self) -> str:
+        begin = (f'begin_iter={self.begin_iter}' if self.begin_ratio is None else
+                 f'begin_ratio={self.begin_ratio}')
+        end = (f'end_iter={self.end_iter}' if self.end_ratio is None else
+               f'end_ratio={self.end_ratio}')
+        return f'{begin}, {end}'
+
+    def before_train(self, runner) -> None:
+        self._modules = join_modules(self._unwrap(runner))
+        if not self._modules:
+            raise ValueError('BranchJoinScheduleHook: the model has no joined module (no module '
+                             'with set_join_lambda, e.g. JoinedBlock); use a backbone built from '
+                             'JoinedBlock with deploy=False or remove the hook')
+        max_iters = runner.max_iters
+        self._begin = (self.begin_iter if self.begin_ratio is None else
+                       round(self.begin_ratio * max_iters))
+        self._end = self.end_iter if self.end_ratio is None else round(self.end_ratio * max_iters)
+        if self._end <= self._begin:
+            raise ValueError(f'BranchJoinScheduleHook: the ramp is empty with {self._options()} '
+                             f'and max_iters={max_iters} (begin {self._begin}, end {self._end} '
+                             f'iterations); the end must come after the begin')
+        if self._end > max_iters:
+            print_log(f'BranchJoinScheduleHook: the joining ramp ends at iteration {self._end} '
+                      f'({self._options()}) but training stops at max_iters={max_iters}; the '
+                      f'run will end with join_lambda < 1 and the model cannot be folded. '
+                      f'Lower end_iter / end_ratio or train longer.',
+                      logger=runner.logger, level=logging.WARNING)
+        print_log(f'BranchJoinScheduleHook: {len(self._modules)} joined modules; join_lambda '
+                  f'0 -> 1 ({self.mode}) from iteration {self._begin} to {self._end} (training '
+                  f'has {max_iters})', logger=runner.logger, level=logging.INFO)
+        self._apply(runner)
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        self._apply(runner)
+
+    def after_train(self, runner) -> None:
+        for name, module in self._unwrap(runner).named_modules():
+            lam = getattr(module, 'current_join_lambda', None)
+            if isinstance(lam, float) and lam < 1.0:
+                print_log(f'BranchJoinScheduleHook: training ended with join_lambda = {lam:g} '
+                          f'< 1 in {name or "the model"} ({type(module).__name__}) at iteration '
+                          f'{runner.iter} ({self._options()}, mode={self.mode!r}); this model '
+                          f'cannot be folded: continue training until λ = 1.0',
+                          logger=runner.logger, level=logging.WARNING)
+                return
+
+    def _apply(self, runner) -> None:
+        lam = join_lambda(runner.iter, self._begin, self._end, self.mode)
+        for _, module in self._modules:
+            module.set_join_lambda(lam)
+        runner.message_hub.update_scalar('train/join_lambda', lam)
