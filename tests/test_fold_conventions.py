@@ -52,16 +52,19 @@ def test_mmpretrain_converter_call_sequence_folds_an_mmrepa_classifier(tmp_path)
     """mmpretrain's tools/model_converters/reparameterize_model.py: ``init_model`` (eval),
     ``model.backbone.switch_to_deploy()``, ``torch.save(model.state_dict())``; the result is
     loaded by the same config with ``deploy=True``."""
+    from mmengine.registry import DefaultScope
     from mmpretrain.models import ImageClassifier
     from mmpretrain.registry import MODELS
 
     def classifier(deploy):
-        return MODELS.build(dict(
-            type='ImageClassifier',
-            backbone=dict(type='RePaSwin', arch=TINY_ARCH, window_size=3, out_indices=(3, ),
-                          deploy=deploy),
-            neck=dict(type='GlobalAveragePooling'),
-            head=dict(type='LinearClsHead', num_classes=5, in_channels=128)))
+        # in mmpretrain's scope whatever an earlier test in this process left as default
+        with DefaultScope.overwrite_default_scope('mmpretrain'):
+            return MODELS.build(dict(
+                type='ImageClassifier',
+                backbone=dict(type='RePaSwin', arch=TINY_ARCH, window_size=3,
+                              out_indices=(3, ), deploy=deploy),
+                neck=dict(type='GlobalAveragePooling'),
+                head=dict(type='LinearClsHead', num_classes=5, in_channels=128)))
 
     model = classifier(False)
     randomize_(model)

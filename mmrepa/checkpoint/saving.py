@@ -9,7 +9,7 @@ import torch
 def check_output_path(out: str, source: str, force: bool = False) -> None:
     """Refuse ``out`` if it is ``source`` itself, or exists and ``force`` is not set."""
     if osp.exists(out) and osp.samefile(out, source):
-        raise SystemExit(f'OUT is the input {source}; choose another path')
+        raise SystemExit(f'OUT is the input checkpoint {source}; choose another path')
     if osp.exists(out) and not force:
         raise SystemExit(f'{out} exists; pass --force to replace it')
 
