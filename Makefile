@@ -1,4 +1,5 @@
-# make demo  - install what is missing, then train, fold and evaluate a detector on generated data
+# make demo  - install what is missing, then train, fold and evaluate one model per task family
+#              (RetinaNet, Mask R-CNN, UperNet, classifier) on generated data; tools/demo.py --help
 # make test  - install what is missing, then run the test suite
 # PYTHON=/path/to/python uses that interpreter's environment instead of .venv/.
 VENV := .venv

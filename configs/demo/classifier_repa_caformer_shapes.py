@@ -16,7 +16,7 @@ model = dict(
         type='CAFormer',
         arch=dict(depths=(1, 1, 2, 1), dims=(32, 64, 128, 256)),
         idle_ratio=0.75,
-        window_size=None,  # 4 x 4 and 2 x 2 maps at 64 px: global attention
+        window_size=None,  # 3 x 3 and 2 x 2 maps at 48 px: global attention
         drop_path_rate=0.0,
         out_indices=(3, ),
         init_cfg=None),
@@ -51,7 +51,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_evaluator = val_evaluator
 
-max_epochs = 20
+max_epochs = 10
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict()
 test_cfg = dict()

@@ -2,9 +2,8 @@
 # generated shapes (their COCO polygons are the instance masks) in a few CPU minutes. Every norm
 # inside the backbone goes from LayerNorm to RepBN while training (PRepBNScheduleHook) and folds
 # into its neighbour at test time. Real data: configs/mask-rcnn_prepbn_swin_t_1x_coco.py.
-_base_ = './retinanet_repa_swin_shapes.py'
+_base_ = './retinanet_repa_swin_shapes.py'  # data set, optimizer, runtime
 
-data_root = 'data/demo_shapes/'
 model = dict(
     _delete_=True,
     type='MaskRCNN',
@@ -39,7 +38,7 @@ model = dict(
         type='StandardRoIHead',
         bbox_roi_extractor=dict(
             type='SingleRoIExtractor',
-            roi_layer=dict(type='RoIAlign', output_size=7, sampling_ratio=0),
+            roi_layer=dict(type='RoIAlign', output_size=7, sampling_ratio=2),
             out_channels=64,
             featmap_strides=[4, 8, 16, 32]),
         bbox_head=dict(
@@ -55,7 +54,7 @@ model = dict(
             loss_bbox=dict(type='L1Loss', loss_weight=1.0)),
         mask_roi_extractor=dict(
             type='SingleRoIExtractor',
-            roi_layer=dict(type='RoIAlign', output_size=14, sampling_ratio=0),
+            roi_layer=dict(type='RoIAlign', output_size=14, sampling_ratio=2),
             out_channels=64,
             featmap_strides=[4, 8, 16, 32]),
         mask_head=dict(
@@ -80,7 +79,7 @@ model = dict(
         rcnn=dict(
             assigner=dict(type='MaxIoUAssigner', pos_iou_thr=0.5, neg_iou_thr=0.5,
                           min_pos_iou=0.5, match_low_quality=True, ignore_iof_thr=-1),
-            sampler=dict(type='RandomSampler', num=64, pos_fraction=0.25, neg_pos_ub=-1,
+            sampler=dict(type='RandomSampler', num=32, pos_fraction=0.25, neg_pos_ub=-1,
                          add_gt_as_proposals=True),
             mask_size=28,
             pos_weight=-1,
@@ -105,11 +104,23 @@ test_pipeline = [
     dict(type='PackDetInputs',
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
 ]
-train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+# BNRecalibrationHook iterates the training loader from inside the last iteration; with
+# persistent workers that restarts the loader the epoch loop is still reading, and training runs
+# on past the recalibration (and max_iters) until that second pass ends
+train_dataloader = dict(persistent_workers=False, dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(metric=['bbox', 'segm'])
 test_evaluator = val_evaluator
+
+max_epochs = 8  # 400 iterations
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs, T_max=max_epochs,
+         eta_min=1e-5)
+]
+default_hooks = dict(checkpoint=dict(interval=max_epochs))
 
 custom_hooks = [
     # pure LayerNorm for the first 50 iterations, then lambda falls linearly to 0 (pure RepBN)

@@ -31,6 +31,7 @@ SEG_IGNORE = 0
 # radius range as a fraction of the image side
 MANY_RADIUS = (0.09, 0.22)
 SINGLE_RADIUS = (0.2, 0.4)
+SEG_RADIUS = (0.15, 0.3)
 
 
 class Shape(NamedTuple):
@@ -168,8 +169,8 @@ def make_shapes_coco(root: str, num_train: int = 400, num_val: int = 80, size: i
     return _generate(root, params, ('train', 'val', 'annotations'), write)
 
 
-def make_shapes_classification(root: str, num_train: int = 600, num_val: int = 150,
-                               size: int = 64, seed: int = 0) -> str:
+def make_shapes_classification(root: str, num_train: int = 3000, num_val: int = 300,
+                               size: int = 48, seed: int = 0) -> str:
     """Write ``{root}/{train,val}/{circle,square,triangle}/*.png``: one shape per image.
 
     The folder-per-class layout of mmpretrain's ``CustomDataset`` (and torchvision's
@@ -190,8 +191,9 @@ def make_shapes_classification(root: str, num_train: int = 600, num_val: int = 1
     return _generate(root, params, ('train', 'val'), write)
 
 
-def make_shapes_ade20k(root: str, num_train: int = 300, num_val: int = 60, size: int = 128,
-                       max_objects: int = 3, seed: int = 0) -> str:
+def make_shapes_ade20k(root: str, num_train: int = 1000, num_val: int = 100, size: int = 48,
+                       max_objects: int = 3, radius: Sequence[float] = SEG_RADIUS,
+                       seed: int = 0) -> str:
     """Write a semantic segmentation set in ADE20K's layout (``ADEChallengeData2016``).
 
     ``{root}/images/{training,validation}/*.jpg`` and
@@ -201,14 +203,14 @@ def make_shapes_ade20k(root: str, num_train: int = 300, num_val: int = 60, size:
     Returns ``root``.
     """
     params = dict(num_train=num_train, num_val=num_val, size=size, max_objects=max_objects,
-                  seed=seed)
+                  radius=list(radius), seed=seed)  # a list, as JSON reads it back
 
     def write(rng):
         for split, count in (('training', num_train), ('validation', num_val)):
             os.makedirs(osp.join(root, 'images', split), exist_ok=True)
             os.makedirs(osp.join(root, 'annotations', split), exist_ok=True)
             for i in range(count):
-                img, shapes = _draw_shapes(rng, size, max_objects)
+                img, shapes = _draw_shapes(rng, size, max_objects, radius)
                 name = f'shapes_{split}_{i:05d}'  # ADE_train_00000001 style
                 img.save(osp.join(root, 'images', split, name + '.jpg'), quality=95)
                 Image.fromarray(label_map(shapes, size)).save(
