@@ -83,3 +83,17 @@ def test_one_process_is_left_alone():
     assert average_bn_statistics(model, 2) == 2
     after = stats(model)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_recalibration_does_not_reset_a_persistent_training_iterator():
+    """With persistent workers, iter(loader) resets the iterator the training loop reads, which
+    then runs past max_iters; the hook iterates a loader of its own."""
+    from torch.utils.data import DataLoader
+
+    from mmrepa.engine.hooks.bn_recalibration_hook import own_iterator_loader
+    loader = DataLoader(list(range(6)), batch_size=1, num_workers=1, persistent_workers=True)
+    training = iter(loader)
+    seen = [int(next(training)) for _ in range(3)]
+    assert [int(b) for b in own_iterator_loader(loader)] == list(range(6))
+    seen += [int(b) for b in training]
+    assert seen == list(range(6))  # the training iterator went on where it was

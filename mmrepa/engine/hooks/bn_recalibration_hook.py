@@ -8,6 +8,7 @@ from mmengine.hooks import EMAHook, Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader
 
 
 @torch.no_grad()
@@ -153,8 +154,9 @@ class BNRecalibrationHook(Hook):
         emas = [h for h in runner.hooks
                 if isinstance(h, EMAHook) and getattr(h, 'ema_model', None) is not None]
         targets = [h.ema_model.module for h in emas] or [model]
+        loader = own_iterator_loader(runner.train_dataloader)
         for target in targets:
-            used = recalibrate_model_bn(target, runner.train_dataloader, self.num_batches)
+            used = recalibrate_model_bn(target, loader, self.num_batches)
             used = average_bn_statistics(target, used)
         for h in emas:
             if not h.ema_model.update_buffers:
@@ -162,6 +164,18 @@ class BNRecalibrationHook(Hook):
         which = "the EMA model's" if emas else 'the'
         runner.logger.info(f'BNRecalibrationHook: {which} BatchNorm statistics re-estimated on '
                            f'{used} training batches (weights frozen, drop-path off)')
+
+
+def own_iterator_loader(loader: Iterable) -> Iterable:
+    """A loader over the same batches whose iterator is its own. ``iter()`` on a DataLoader
+    with persistent workers resets and returns the one iterator the training loop is still
+    reading (torch reuses it): the loop would then run past ``max_iters``, after the
+    recalibration, and the saved statistics would be stale."""
+    if not (isinstance(loader, DataLoader) and loader.persistent_workers):
+        return loader
+    return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
+                      num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                      pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn)
 
 
 @torch.no_grad()
