@@ -28,4 +28,4 @@ test: install-tests
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
-	rm -rf work_dirs/demo data/demo_shapes
+	rm -rf work_dirs/demo work_dirs/demo_repopt data/demo_shapes data/demo_shapes_cls data/demo_shapes_ade
