@@ -303,3 +303,16 @@ def test_frozen_stages_and_outputs():
     outs = model(torch.randn(1, 3, 64, 48))
     assert [tuple(o.shape) for o in outs] == [(1, 16, 8, 6), (1, 32, 2, 2)]  # strides 8, 32
     assert isinstance(model.norm1, nn.Identity)
+
+
+def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics():
+    plain = RepOptVGG(TINY).double().train()
+    cp = RepOptVGG(TINY, with_cp=True).double().train()
+    cp.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 19, 17, dtype=torch.float64, requires_grad=True)
+    for model in (plain, cp):
+        sum(o.square().sum() for o in model(x)).backward()
+    for (name, a), b in zip(plain.named_parameters(), cp.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-12, atol=1e-12, msg=name)
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(cp.state_dict()[k], v, rtol=0, atol=0, msg=k)
