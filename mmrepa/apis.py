@@ -124,7 +124,8 @@ def one_line_errors(tool: str):
     """Stop a tool with one line and exit code 1, no traceback, on the errors whose message
     already names the file or key and the fix: a missing file, an unreadable checkpoint or one
     of another architecture or form (:class:`~mmrepa.errors.CheckpointError`), a config that
-    cannot work (:class:`~mmrepa.errors.ConfigError`), a model that cannot be folded. Usable as a decorator of a tool's ``main``."""
+    cannot work (:class:`~mmrepa.errors.ConfigError`), a model that cannot be folded. Usable as
+    a decorator of a tool's ``main``."""
     try:
         yield
     except (FileNotFoundError, CheckpointError, ConfigError, FoldError) as err:

@@ -190,8 +190,9 @@ def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
 
 
 def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
-    """tools/train.py --auto-scale-lr, tools/test.py (top-1 unchanged by --reparam), mmpretrain's own tools/test.py on the
-    deploy config with a checkpoint folded by tools/reparameterize.py, tools/get_flops.py."""
+    """tools/train.py --auto-scale-lr, tools/test.py (top-1 unchanged by --reparam),
+    mmpretrain's own tools/test.py on the deploy config with a checkpoint folded by
+    tools/reparameterize.py, tools/get_flops.py."""
     config, checkpoint, _, train_log = trained_repa_swin
     # the recipe's learning rate is for the paper's 4096 images per step; this run has 4
     assert 'LR is set based on batch size of 4096 and the current batch size is 4' in train_log
