@@ -62,8 +62,9 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
       and works with ``OptimWrapper`` and ``AmpOptimWrapper`` (after unscaling) alike;
     - strict checks (``paramwise_cfg=dict(repopt_strict=False)`` turns them into warnings):
       a RepOpt kernel whose ``lr`` or ``weight_decay`` differs from the optimizer's (a
-      ``custom_keys`` entry or another paramwise rule matched it). One kernel holds all branches of a layer, so such a setting is the same for all of them and
-      still describes *a* CSLA, but one whose identity scale and 1x1 branch are trained
+      ``custom_keys`` entry or another paramwise rule matched it). One kernel holds all
+      branches of a layer, so such a setting is the same for all of them and still describes
+      *a* CSLA, but one whose identity scale and 1x1 branch are trained
       differently from the one the scales were searched for (SPEC pitfall 13). Non-strict
       mode is for deliberate cases such as a backbone ``lr_mult`` when fine-tuning. Frozen
       kernels (``frozen_stages``) are fine: they never move, as frozen CSLA layers would not.
