@@ -1,7 +1,6 @@
 """RepOpt-VGG trained by mmengine's Runner: the rule of initialization runs once, from
 scratch, after the optimizer is built and before any weights are loaded; resuming is bit-exact;
 ``load_from`` is never re-initialized."""
-import copy
 import os.path as osp
 
 import pytest
