@@ -13,6 +13,11 @@ retinanet       RetinaNet, COCO-format shapes    RePa-Swin        bbox mAP >= 0.
 mask-rcnn       Mask R-CNN, the same set         PRepBN-Swin      bbox and mask mAP >= 0.3
 upernet         UperNet, ADE20K-layout shapes    RePa-ConvFormer  mIoU >= 70 (mmseg IoUMetric)
 classification  classifier, one shape per image  RePa-CAFormer    top-1 >= 90 (mmpretrain)
+repopt          the same, after a Hyper-Search    RepOpt-VGG       top-1 >= 90 (mmpretrain)
+
+The repopt task first trains the Hyper-Search network (configs/demo/hs_repopt_vgg_shapes.py) and
+exports its constants with tools/misc/repopt_export_scales.py; its config then trains the plain
+network with RepOptSGD and those constants.
 
 A summary table (metric as trained and folded, minutes per task) ends the run; the exit status
 is 1 if any task failed. Users with COCO / ADE20K run the same tools on the configs in
@@ -25,7 +30,7 @@ import os.path as osp
 import subprocess
 import sys
 import time
-from typing import Callable, NamedTuple, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs', 'demo')
@@ -42,6 +47,8 @@ class Task(NamedTuple):
     config: str
     make_data: Callable[[], str]
     metrics: Tuple[Metric, ...]
+    # run before training, in the task's work dir; returns --cfg-options for train and test
+    prepare: Optional[Callable[[str, Optional[int]], List[str]]] = None
 
 
 def _data(maker: str, name: str) -> Callable[[], str]:
@@ -51,9 +58,21 @@ def _data(maker: str, name: str) -> Callable[[], str]:
     return make
 
 
+def hyper_search(work_dir: str, epochs: Optional[int]) -> List[str]:
+    """Train the Hyper-Search network, export its constants; the target's ``scales`` option."""
+    config, hs_dir = osp.join(CONFIGS, 'hs_repopt_vgg_shapes.py'), osp.join(work_dir, 'hs')
+    run(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', hs_dir,
+        *epoch_options(epochs))
+    scales = osp.join(work_dir, 'scales.pth')
+    run(osp.join(ROOT, 'tools', 'misc', 'repopt_export_scales.py'), config,
+        last_checkpoint(hs_dir), scales, '--force')
+    return [f'model.backbone.scales={scales}']
+
+
 # Folding is exact up to float rounding, which can flip a few borderline detections or pixels:
 # the tolerances allow that and nothing more (mAP in [0, 1]; mIoU and top-1 in %).
 BBOX = Metric('coco/bbox_mAP', 'bbox mAP', 'min_map', 0.002)
+TOP1 = Metric('accuracy/top1', 'top-1', 'min_top1', 0.2)
 TASKS = {
     'retinanet': Task(osp.join(CONFIGS, 'retinanet_repa_swin_shapes.py'),
                       _data('make_shapes_coco', 'demo_shapes'), (BBOX, )),
@@ -65,7 +84,10 @@ TASKS = {
                     (Metric('mIoU', 'mIoU', 'min_miou', 0.2), )),
     'classification': Task(osp.join(CONFIGS, 'classifier_repa_caformer_shapes.py'),
                            _data('make_shapes_classification', 'demo_shapes_cls'),
-                           (Metric('accuracy/top1', 'top-1', 'min_top1', 0.2), )),
+                           (TOP1, )),
+    'repopt': Task(osp.join(CONFIGS, 'repopt_vgg_shapes.py'),
+                   _data('make_shapes_classification', 'demo_shapes_cls'), (TOP1, ),
+                   prepare=hyper_search),
 }
 
 
@@ -87,25 +109,40 @@ def backbone_name(config: str) -> str:
     kind = backbone.type.split('.')[-1]
     if kind in ('RePaSwin', 'PRepBNSwin'):
         return kind[:-4] + '-Swin'
+    if kind == 'RepOptVGG':
+        return 'RepOpt-VGG'
     idle = backbone.get('idle_ratio', 0)
     return f'RePa-{kind}' if kind in ('ConvFormer', 'CAFormer') and idle else kind
 
 
-def run_task(task: Task, config: str, work_dir: str, epochs) -> dict:
-    """Generate, train, test as trained and folded; the metrics of both tests."""
-    task.make_data()
-    # the cosine schedule and the checkpoint follow the length (same keys in every demo config)
-    extra = ['--cfg-options', f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
-             f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs}',
-             f'default_hooks.checkpoint.interval={epochs}'] if epochs else []
-    run(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', work_dir, *extra)
+def epoch_options(epochs: Optional[int]) -> List[str]:
+    """--cfg-options of another length: the cosine schedule and the checkpoint follow it (the
+    same keys in every demo config)."""
+    return ['--cfg-options', f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
+            f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs}',
+            f'default_hooks.checkpoint.interval={epochs}'] if epochs else []
+
+
+def last_checkpoint(work_dir: str) -> str:
     with open(osp.join(work_dir, 'last_checkpoint')) as f:
-        ckpt = osp.join(work_dir, f.read().strip())  # join keeps an absolute path
+        return osp.join(work_dir, f.read().strip())  # join keeps an absolute path
+
+
+def run_task(task: Task, config: str, work_dir: str, epochs) -> dict:
+    """Generate, (prepare,) train, test as trained and folded; the metrics of both tests."""
+    task.make_data()
+    options = task.prepare(work_dir, epochs) if task.prepare else []
+    extra = epoch_options(epochs)
+    if options:
+        extra = (extra or ['--cfg-options']) + options
+    run(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', work_dir, *extra)
+    ckpt = last_checkpoint(work_dir)
+    test_extra = ['--cfg-options', *options] if options else []
     results = {}
     for name, flags in (('trained', []), ('folded', ['--reparam'])):
         out = osp.join(work_dir, f'metrics_{name}.json')
         run(osp.join(ROOT, 'tools', 'test.py'), config, ckpt, '--work-dir', work_dir,
-            '--dump-metrics', out, *flags)
+            '--dump-metrics', out, *flags, *test_extra)
         with open(out) as f:
             results[name] = json.load(f)
     return results
@@ -150,8 +187,8 @@ def main():
                         'perfect masks with the shapes labelled at random 35-43 '
                         '(default: %(default)s)')
     parser.add_argument('--min-top1', type=float, default=90.0,
-                        help='top-1 bar of classification in %%; chance is 33.3, the '
-                        'largest class 35 (default: %(default)s)')
+                        help='top-1 bar of classification and repopt in %%; chance is 33.3, '
+                        'the largest class 35 (default: %(default)s)')
     args = parser.parse_args()
 
     sys.path.insert(0, ROOT)

@@ -1,4 +1,4 @@
-# The RepOpt-VGG demo (README, "The demo"), step 1: Hyper-Search for a small RepOpt-VGG on the
+# `tools/demo.py --task repopt`, step 1: Hyper-Search for a small RepOpt-VGG on the
 # generated one-shape images (mmrepa.datasets.make_shapes_classification): the three-branch
 # network with trainable constants s, t, i, trained as hs_repopt_vgg_b1_cifar100.py (SGD
 # Nesterov, weight decay on kernels, classifier and identity scales only), for a few CPU

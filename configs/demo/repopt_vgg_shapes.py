@@ -1,4 +1,4 @@
-# The RepOpt-VGG demo (README, "The demo"), step 2: the plain network (one 3x3 conv-BN-ReLU
+# `tools/demo.py --task repopt`, step 2: the plain network (one 3x3 conv-BN-ReLU
 # per layer) trained from scratch by RepOptSGD with the constants Hyper-Search found (step 1,
 # exported to `scales`); tested as trained and folded (BN into the convs).
 _base_ = './hs_repopt_vgg_shapes.py'
