@@ -12,6 +12,7 @@ from .version import __version__
 
 from . import layers  # noqa: F401,E402  (registers)
 from . import backbones  # noqa: F401,E402
+from . import necks  # noqa: F401,E402
 from . import engine  # noqa: F401,E402
 
 allow_mmengine_checkpoints()

@@ -8,7 +8,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import FoldError, reparameterize
-from mmrepa.backbones import CAFormer, ConvFormer, PRepBNSwin, RePaSwin
+from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNSwin, RePaSwin
 from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 
 from .conftest import TINY_ARCH, randomize_
@@ -28,6 +28,11 @@ BACKBONES = {
     'caformer': lambda **kw: CAFormer(META, head_dim=16, window_size=(None, None, 2, 2), **kw),
     'repa_caformer': lambda **kw: CAFormer(META, head_dim=16, idle_ratio=0.75,
                                            window_size=(None, None, 2, 2), **kw),
+    # λ = 1: the joining finished, so that it folds
+    'depth_rep_vit': lambda **kw: DepthRepViT(
+        dict(embed_dims=16, num_layers=6, num_heads=2), num_branches=2, img_size=32,
+        with_cls_token=False, out_type='featmap', window_size=2, global_blocks=(1, ),
+        out_indices=(0, 2), join_lambda=1.0, **kw),
 }
 IMAGE = (2, 3, 45, 61)  # no side a multiple of a window or of 32
 
@@ -49,7 +54,7 @@ def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics(name):
         image = x.clone().requires_grad_()  # checkpointing needs an input that wants grad
         sum((o * o).mean() for o in model(image)).backward()
     stats, stats_cp = _statistics(plain), _statistics(checkpointed)
-    if name not in ('swin_ln', 'caformer', 'convformer'):
+    if name not in ('swin_ln', 'caformer', 'convformer', 'depth_rep_vit'):
         assert stats, 'this backbone should have BatchNorms'
     for key in stats:
         assert torch.equal(stats[key], stats_cp[key]), f'{key} differs with with_cp=True'
@@ -63,7 +68,8 @@ def _trainable(model, prefixes):
             if p.requires_grad and k.startswith(prefixes)]
 
 
-@pytest.mark.parametrize('name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer'])
+@pytest.mark.parametrize('name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer',
+                                  'depth_rep_vit'])
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
 def test_folding_keeps_frozen_stages_frozen(name, frozen_stages):
     model = BACKBONES[name](frozen_stages=frozen_stages)

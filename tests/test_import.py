@@ -48,5 +48,6 @@ def test_layer_names_taken_by_another_plugin_do_not_break_import():
             '    assert any(isinstance(x, PRepBN) for x in m.modules())\n'
             'own = sorted(k for k, v in MODELS.module_dict.items() '
             'if v.__module__.startswith("mmrepa"))\n'
-            'assert own == ["CAFormer", "ConvFormer", "PRepBNSwin", "RePaSwin", "RepOptVGG"], own\n')
+            'assert own == ["CAFormer", "ConvFormer", "DepthRepViT", "PRepBNSwin", "RePaSwin",'
+            ' "RepOptVGG", "SimpleFPN"], own\n')
     subprocess.run([sys.executable, '-c', code], check=True)

@@ -23,6 +23,7 @@ class DenseBackbone(Reparameterizable, BaseModule):
     """
 
     stem_name = 'stem'  # frozen with frozen_stages >= 0
+    pretrained_options = ('use_ema', )  # init_cfg keys passed on to load_pretrained
 
     def _check_options(self, num_stages: int, out_indices: Sequence[int], frozen_stages: int,
                        norm_eval: bool, deploy: bool) -> None:
@@ -99,8 +100,9 @@ class DenseBackbone(Reparameterizable, BaseModule):
 
     def init_weights(self):
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            self.load_pretrained(self.init_cfg['checkpoint'],
-                                 use_ema=self.init_cfg.get('use_ema', False))
+            options = {k: self.init_cfg[k] for k in self.pretrained_options
+                       if k in self.init_cfg}
+            self.load_pretrained(self.init_cfg['checkpoint'], **options)
             self._is_init = True
             return
         super().init_weights()

@@ -6,6 +6,7 @@ from .depth_join import (BranchSumLinear, JoinedAttention, JoinedBlock, JoinedFF
                          unstack_attention_branches, unstack_ffn_branches)
 from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
+from .norm2d import LayerNorm2d
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
 from .prepbn import PRepBN, RepBN
 from .repopt import CSLAConvBN, RepOptConvBN, RepVGGConvBN
@@ -23,5 +24,5 @@ __all__ = [
     'FoldablePatchEmbed', 'FoldablePatchMerging', 'PRepBN', 'RepBN', 'RepOptConvBN',
     'CSLAConvBN', 'RepVGGConvBN', 'BranchSumLinear', 'JoinedAttention', 'JoinedBlock',
     'JoinedFFN', 'stack_attention_branches', 'stack_ffn_branches',
-    'unstack_attention_branches', 'unstack_ffn_branches'
+    'unstack_attention_branches', 'unstack_ffn_branches', 'LayerNorm2d'
 ]

@@ -44,6 +44,37 @@ def _check_lambda(value: float, where: str) -> float:
     return value
 
 
+def branch_diversity(outputs: torch.Tensor) -> torch.Tensor:
+    """SPEC §7.3's diversity term: the mean over branch pairs b < c of cos²(f_b, f_c), the
+    cosine per token over channels, averaged over the tokens and the batch.
+    ``outputs`` (..., n, d) -> scalar."""
+    n = outputs.shape[-2]
+    f = F.normalize(outputs, dim=-1)
+    gram = f @ f.transpose(-1, -2)
+    rows, cols = torch.triu_indices(n, n, offset=1, device=outputs.device)
+    return gram[..., rows, cols].square().mean()
+
+
+def _branch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Branch b's output ``x_b · W_bᵀ + bias_b`` of every branch: x (..., n, k),
+    weight (out, n, k), bias (n, out) -> (..., n, out)."""
+    return torch.einsum('...bk,obk->...bo', x, weight) + bias
+
+
+class _DiversityMixin:
+    """Per-branch outputs for the diversity loss (SPEC §7.3, §7.8: a fused forward that only
+    returns the sum must still expose them). With ``track_branch_diversity = True`` every
+    training forward of a multi-branch layer stores :func:`branch_diversity` of its branch
+    outputs in ``branch_diversity`` (a tensor with grad) for the owner to collect; the fast
+    λ = 1 path (which never forms the branch outputs) is then skipped. Training only."""
+
+    track_branch_diversity = False
+    branch_diversity: Optional[torch.Tensor] = None
+
+    def _tracks_diversity(self) -> bool:
+        return self.track_branch_diversity and self.training and self.num_branches > 1
+
+
 class BranchSumLinear(nn.Module):
     """n Linear layers whose outputs are summed: ``y = Σ_b x_b · W_bᵀ + bias_b``.
 
@@ -238,7 +269,7 @@ def _check_attn_mask(mask: Optional[torch.Tensor], B: int, N: int) -> None:
 
 
 @MODELS.register_module()
-class JoinedAttention(_LambdaMixin, Reparameterizable, BaseModule):
+class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
     """Multi-head self-attention with n parallel branches joined before the softmax.
 
     Input and output: (B, N, d); the shared LayerNorm is the caller's (:class:`JoinedBlock`).
@@ -329,7 +360,8 @@ class JoinedAttention(_LambdaMixin, Reparameterizable, BaseModule):
             return self._attend(x, self.qkv.weight, self.qkv.bias, self.proj.weight,
                                 self.proj.bias, attn_mask)
         lam = self._lambda_for_forward()
-        if lam == 1.0 or self.num_branches == 1:
+        diversity = self._tracks_diversity()
+        if (lam == 1.0 or self.num_branches == 1) and not diversity:
             # Every branch sees the same softmax input: the folded computation, with the
             # folded tensors formed from the branch parameters (differentiably).
             return self._attend(x, *self._folded_tensors(), attn_mask)
@@ -337,7 +369,16 @@ class JoinedAttention(_LambdaMixin, Reparameterizable, BaseModule):
             out = self._joined_logits(x, attn_mask)
         else:  # qkv join at any λ < 1, or independent branches (λ = 0)
             out = self._per_branch(x, attn_mask, joined_qkv=self.join == 'qkv' and lam != 0.0)
-        return self.branch_proj(out)
+        if not diversity:
+            return self.branch_proj(out)
+        H, n, dh, d = self.num_heads, self.num_branches, self.head_dim, self.embed_dims
+        # proj's columns are (H, n, c): regroup them by branch
+        per_branch = _branch_linear(
+            out.view(B, N, H, n, dh).transpose(2, 3).reshape(B, N, n, H * dh),
+            self.branch_proj.weight.view(d, H, n, dh).transpose(1, 2).reshape(d, n, H * dh),
+            self.branch_proj.bias)
+        self.branch_diversity = branch_diversity(per_branch)
+        return per_branch.sum(-2)
 
     def _attend(self, x, qkv_w, qkv_b, proj_w, proj_b, attn_mask):
         """Plain multi-head attention (scale 1 / √head width) with the given tensors."""
@@ -468,7 +509,7 @@ class JoinedAttention(_LambdaMixin, Reparameterizable, BaseModule):
 
 
 @MODELS.register_module()
-class JoinedFFN(_LambdaMixin, Reparameterizable, BaseModule):
+class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
     """Feed-forward network with n parallel branches joined before the activation.
 
     Input and output: (..., d), no residual. Branch b computes ``z_b = v·W1_bᵀ + b1_b``
@@ -520,21 +561,28 @@ class JoinedFFN(_LambdaMixin, Reparameterizable, BaseModule):
         if self.deploy:
             return self.fc2(self.act(self.fc1(x)))
         lam = self._lambda_for_forward()
-        if lam == 1.0 or self.num_branches == 1:
+        diversity = self._tracks_diversity()
+        if (lam == 1.0 or self.num_branches == 1) and not diversity:
             w1, b1, w2, b2 = self._folded_tensors()  # every branch activates the same Z
             return F.linear(self.act(F.linear(x, w1, b1)), w2, b2)
-        return self._branches(x, joined=lam != 0.0)
+        return self._branches(x, joined=lam != 0.0, diversity=diversity)
 
-    def _branches(self, x: torch.Tensor, joined: bool) -> torch.Tensor:
+    def _branches(self, x: torch.Tensor, joined: bool, diversity: bool = False) -> torch.Tensor:
         """The n branches in two GEMMs, the activations' inputs joined with the buffer's λ
         (``joined=False``: independent, λ = 0)."""
+        n, h, lead = self.num_branches, self.hidden_dims, x.shape[:-1]
         z = self.branch_fc1(x)
         if joined:
-            n, h = self.num_branches, self.hidden_dims
-            z = z.view(*x.shape[:-1], n, h)
+            z = z.view(*lead, n, h)
             lam = self.join_lambda.to(z.dtype)
-            z = ((1 - lam) * z + lam * z.sum(-2, keepdim=True)).view(*x.shape[:-1], n * h)
-        return self.branch_fc2(self.act(z))
+            z = ((1 - lam) * z + lam * z.sum(-2, keepdim=True)).view(*lead, n * h)
+        if not diversity:
+            return self.branch_fc2(self.act(z))
+        per_branch = _branch_linear(self.act(z).view(*lead, n, h),
+                                    self.branch_fc2.weight.view(self.embed_dims, n, h),
+                                    self.branch_fc2.bias)
+        self.branch_diversity = branch_diversity(per_branch)
+        return per_branch.sum(-2)
 
     def _folded_tensors(self, dtype: Optional[torch.dtype] = None):
         cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
