@@ -16,14 +16,17 @@ from mmengine.registry import MODELS, DefaultScope
 
 import mmrepa
 from mmrepa.apis import build_model
+from mmrepa.engine.hooks import join_modules
 
 from .conftest import TINY_ARCH
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # Left out: fragments (not whole configs); the deploy variants (only deploy=True over a config
 # tested here; folded builds are tested per backbone); the larger ImageNet MetaFormer sizes,
-# which shrink to the same tiny model as their s18 config and differ only in drop rates.
-_REDUNDANT = re.compile(r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$')
+# which shrink to the same tiny model as their s18 config and differ only in drop rates; the
+# 4- and 3-layer depth re-parameterized ViT configs, which differ from the 6-layer ones in depth.
+_REDUNDANT = re.compile(r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
+                        r'|depthrep_vit_tiny_d[34]_')
 CONFIGS = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
                  if '_base_' not in p.split(osp.sep) and not _REDUNDANT.search(p))
 H, W = 96, 128
@@ -40,7 +43,8 @@ FULL_SIZE = {
 METAFORMER_TINY = dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96))
 REPOPT_TINY = dict(depths=(1, 2, 1, 1), widths=(8, 16, 16, 32), stem_width=8)
 TINY_ARCHS = {'RePaSwin': TINY_ARCH, 'PRepBNSwin': TINY_ARCH, 'ConvFormer': METAFORMER_TINY,
-              'CAFormer': METAFORMER_TINY, 'RepOptVGG': REPOPT_TINY}
+              'CAFormer': METAFORMER_TINY, 'RepOptVGG': REPOPT_TINY,
+              'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2)}
 
 
 def det_inputs(with_mask):
@@ -88,7 +92,7 @@ def shrink(cfg):
 def _feature_users(model_cfg):
     """(config dict, indices into the backbone outputs) of what reads the backbone's features:
     the neck (all outputs, in order), or the decode / auxiliary heads (their ``in_index``)."""
-    if model_cfg.type == 'ImageClassifier':  # behind a pooling neck, on the last output
+    if model_cfg.type.endswith('ImageClassifier'):  # on the last output, maybe pooled
         return [(model_cfg.head, -1)]
     if model_cfg.get('neck'):
         return [(model_cfg.neck, None)]
@@ -108,7 +112,8 @@ def feature_channels(model_cfg):
 def set_feature_channels(model_cfg, outputs):
     """Make the neck / heads take ``outputs`` (channels of each backbone output)."""
     for user, index in _feature_users(model_cfg):
-        user.in_channels = (list(outputs) if index is None else
+        user.in_channels = (outputs[-1] if index is None and isinstance(user.in_channels, int)
+                            else list(outputs) if index is None else
                             [outputs[i] for i in index] if isinstance(index, (list, tuple))
                             else outputs[index])
 
@@ -192,6 +197,8 @@ def test_config_builds_and_runs_loss_and_predict(path):
         # norms (PRepBN configs) do not normalise, and the resulting backbone is so
         # ill-conditioned that fp32 rounding alone moves its outputs by more than 1e-4
         backbone = copy.deepcopy(model.backbone).double()
+        for _, m in join_modules(backbone):  # a model that joins branches folds once joined
+            m.set_join_lambda(1.0)
         x = data['inputs'].double()
         feats = backbone(x)
         mmrepa.reparameterize(backbone)

@@ -3,6 +3,8 @@
 ViT at one branch, checkpoint conversion and its head-count check, the diversity loss, and the
 options users know from mmpretrain and mmdet."""
 import copy
+import json
+import re
 
 import pytest
 import torch
@@ -412,3 +414,75 @@ def test_bad_options_name_themselves():
     with pytest.raises(ValueError, match=r'global_blocks \[5\]'):
         DepthRepViT(SMALL, num_branches=2, with_cls_token=False, window_size=3,
                     out_type='featmap', global_blocks=(5, ))
+
+
+def test_a_classifier_checkpoint_initializes_the_dense_backbone(tmp_path):
+    """mmrepa's own classifier layout into a detection backbone: the class token and its
+    position are dropped, the grid resized; the rest loads, the classifier's output norm into
+    the same block's output norm."""
+    classifier = randomized(DepthRepViT(SMALL, num_branches=2, img_size=64))
+    path = save(tmp_path, {f'backbone.{k}': v for k, v in classifier.state_dict().items()},
+                dict(type='DepthRepViT', arch=SMALL, num_branches=2))
+    dense = DepthRepViT(SMALL, num_branches=2, img_size=96, with_cls_token=False,
+                        out_type='featmap', window_size=3,
+                        init_cfg=dict(type='Pretrained', checkpoint=path)).to(F64)
+    report = dense.load_pretrained(path)
+    assert report.missing == []
+    assert report.unexpected == ['cls_token']
+    assert torch.equal(dense.stages[1].attn.branch_qkv.weight,
+                       classifier.stages[1].attn.branch_qkv.weight)
+    assert dense.pos_embed.shape == (1, 36, 24)
+
+
+# ----------------------------------------------------------------------- tools
+
+
+@pytest.fixture(scope='module')
+def joined_classifier(tmp_path_factory):
+    """The DeiT-6-R joining config, shrunk (tiny arch, generated images, 4 iterations with λ
+    reaching 1 at iteration 2), trained by mmengine's Runner: (config, checkpoint)."""
+    from mmengine.runner import Runner
+
+    from .test_pretrain_handoff import tiny_classifier_config, write_images
+    tmp = tmp_path_factory.mktemp('depthrep')
+    config = tiny_classifier_config('depthrep_vit_tiny_d6_8xb128_join_in1k.py',
+                                    dict(embed_dims=16, num_layers=12, num_heads=2),
+                                    write_images(str(tmp / 'data')), str(tmp / 'join.py'))
+    with open(config, 'a') as f:
+        f.write("load_from = None\ncustom_hooks = [dict(type='BranchJoinScheduleHook', "
+                "begin_iter=0, end_iter=2)]\n")
+    cfg = Config.fromfile(config)
+    cfg.work_dir = str(tmp / 'work')
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    assert all(b.current_join_lambda == 1.0 for b in runner.model.backbone.stages)
+    return config, str(tmp / 'work' / 'iter_4.pth')
+
+
+def test_test_tool_verifies_a_joined_checkpoint_and_refuses_one_mid_ramp(joined_classifier,
+                                                                         tmp_path):
+    """tools/test.py --reparam folds a checkpoint whose λ reached 1 (same top-1, verified) and
+    refuses one saved mid-ramp, naming the block and its λ; no metrics are written then."""
+    from .test_pretrain_handoff import ROOT, run_tool
+    config, checkpoint = joined_classifier
+    tool = f'{ROOT}/tools/test.py'
+    top1 = {}
+    for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
+        out = tmp_path / f'{name}.json'
+        log = run_tool(tool, config, checkpoint, '--work-dir', str(tmp_path / name),
+                       '--dump-metrics', str(out), *flags)
+        top1[name] = json.loads(out.read_text())['accuracy/top1']
+    assert 'ReparameterizeHook: folded model verified' in log
+    assert top1['folded'] == top1['plain']
+
+    ckpt = torch.load(checkpoint, map_location='cpu', weights_only=False)
+    for key in ckpt['state_dict']:
+        if key.endswith('join_lambda'):
+            ckpt['state_dict'][key].fill_(0.5)
+    mid_ramp = tmp_path / 'mid_ramp.pth'
+    torch.save(ckpt, mid_ramp)
+    out = tmp_path / 'refused.json'
+    log = run_tool(tool, config, str(mid_ramp), '--work-dir', str(tmp_path / 'refused'),
+                   '--reparam', '--dump-metrics', str(out), ok=False)
+    assert re.search(r'stages\.0\.attn.*join_lambda = 0\.5', log), log[-2000:]
+    assert not out.exists()

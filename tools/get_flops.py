@@ -4,7 +4,9 @@
 
 Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included): the
 backbone alone on a 1 x 3 x H x W tensor, and the whole model's tensor forward on an H x W image
-sent through the config's test pipeline (which may resize it, as it does real images).
+sent through the config's test pipeline (which may resize it, as it does real images). A model
+whose joined branches are not joined yet (λ < 1, SPEC-depth §7) is counted folded as it will
+fold once joined: its structure does not depend on λ.
 ``--json`` also writes the exact counts (what ``tools/misc/gen_metafiles.py`` reads).
 """
 import argparse
@@ -17,6 +19,7 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
+from mmrepa.engine.hooks import join_modules
 from mmrepa.utils import complexity, model_complexity
 
 
@@ -53,7 +56,14 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = init_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
     shape = tuple(args.shape or default_input_shape(model.cfg))
-    folded = mmrepa.reparameterize(copy.deepcopy(model))
+    folded = copy.deepcopy(model)
+    unjoined = [name for name, m in join_modules(folded) if m.current_join_lambda < 1.0]
+    if unjoined:  # the structure does not depend on λ; only a joined model folds exactly
+        print(f'{len(unjoined)} module(s) with joined branches are at λ < 1 (first: '
+              f'{unjoined[0]}): counting the network they fold into once joined (λ = 1)')
+        for _, module in join_modules(folded):
+            module.set_join_lambda(1.0)
+    folded = mmrepa.reparameterize(folded)
     with torch.no_grad():
         data = model.data_preprocessor(pipeline_batch(model.cfg, shape), False)
         x = torch.randn(1, 3, *shape)

@@ -53,6 +53,12 @@ PAPERS = {
         'Title': 'RepVGG: Making VGG-style ConvNets Great Again',
         'URL': 'https://arxiv.org/abs/2101.03697'
     },
+    'depth-reparam': {
+        'Title': 'Rethinking Vision Transformer Depth via Structural Reparameterization',
+        # no arXiv or venue address in the copy of the paper mmrepa works from
+        'URL': 'https://scholar.google.com/scholar?q=Rethinking+Vision+Transformer+Depth+via+'
+               'Structural+Reparameterization'
+    },
     'swin': {
         'Title': 'Swin Transformer: Hierarchical Vision Transformer using Shifted Windows',
         'URL': 'https://arxiv.org/abs/2103.14030'
@@ -75,6 +81,8 @@ COLLECTIONS = {
     'RepOpt-VGG': ('repopt_vgg.yml', 'repoptimizers',
                    ['RepOptVGG', 'Gradient re-parameterization', 'Hyper-Search']),
     'RepVGG': ('repopt_vgg.yml', 'repvgg', ['RepOptVGG (mode repvgg)', 'RepVGG block']),
+    'DepthRep-ViT': ('depth_rep_vit.yml', 'depth-reparam',
+                     ['DepthRepViT', 'Joined parallel branches', 'Simple feature pyramid']),
 }
 
 _NOT_REPRODUCED = 'not reproduced by mmrepa'
@@ -176,6 +184,16 @@ PAPER_RESULTS = {
     **{f'upernet_{name}_b1_512x1024_40k_cityscapes': _miou(
         miou, f'reported in the RepOptimizers paper (Table 7), {_NOT_REPRODUCED}', 'Cityscapes')
        for name, miou in (('repopt_vgg', 79.36), ('repvgg', 79.15))},
+    # Depth re-parameterization, supervised (DeiT) route: the folded models after joining
+    # (Table 2) and their Mask R-CNN (Table 3, the "DeiT-L'-R" rows; detectron2 recipe)
+    **{f'depthrep_vit_tiny_d{depth}_8xb128_join_in1k': _top1(
+        top1, f'reported in the depth re-parameterization paper (Table 2, DeiT-{depth}-R, '
+              f'folded), {_NOT_REPRODUCED}')
+       for depth, top1 in ((6, 70.2), (4, 64.1), (3, 58.5))},
+    **{f'mask-rcnn_depthrep_vit_tiny_d{depth}_lsj-100e_coco': _box_mask(
+        box, mask, f'reported in the depth re-parameterization paper (Table 3, DeiT-{depth}-R), '
+                   f'{_NOT_REPRODUCED}')
+       for depth, box, mask in ((6, 38.1, 33.5), (4, 35.1, 31.4), (3, 31.1, 27.1))},
 }
 
 DATASETS = {'CocoDataset': 'COCO', 'ADE20KDataset': 'ADE20K', 'ImageNet': 'ImageNet-1k',
@@ -222,6 +240,8 @@ def family(backbone: dict) -> str:
         return 'SLAB-Swin' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-Swin'
     if kind == 'RepOptVGG':
         return 'RepVGG' if backbone.get('mode') == 'repvgg' else 'RepOpt-VGG'
+    if kind == 'DepthRepViT':
+        return 'DepthRep-ViT'
     raise ValueError(f'no collection for backbone type {kind!r}')
 
 
@@ -246,7 +266,7 @@ def describe(config: str, root: str = ROOT) -> dict:
     if model.get('neck'):
         arch.append(model.neck.type)
     arch.append(model.decode_head.type if 'decode_head' in model else model.type)
-    if model.type == 'ImageClassifier':
+    if model.type.endswith('ImageClassifier'):
         arch.append(model.head.type)
     if model.get('auxiliary_head'):
         arch.append(model.auxiliary_head.type)

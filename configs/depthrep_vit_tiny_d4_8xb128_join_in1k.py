@@ -1,0 +1,6 @@
+# Depth re-parameterization, step 2 of 2 (DeiT-4-R; the paper: 64.1 % top-1 folded): joining of
+# the 4x3 model; see depthrep_vit_tiny_d6_8xb128_join_in1k.py.
+_base_ = './depthrep_vit_tiny_d6_8xb128_join_in1k.py'
+
+load_from = 'work_dirs/depthrep_vit_tiny_d4_8xb128_pretrain_in1k/epoch_300.pth'
+model = dict(backbone=dict(depth=4))
