@@ -4,6 +4,7 @@ ViT at one branch, checkpoint conversion and its head-count check, the diversity
 options users know from mmpretrain and mmdet."""
 import copy
 import json
+import os.path as osp
 import re
 
 import pytest
@@ -486,3 +487,25 @@ def test_test_tool_verifies_a_joined_checkpoint_and_refuses_one_mid_ramp(joined_
                    '--reparam', '--dump-metrics', str(out), ok=False)
     assert re.search(r'stages\.0\.attn.*join_lambda = 0\.5', log), log[-2000:]
     assert not out.exists()
+
+
+def test_the_dense_configs_load_the_joined_classifier(joined_classifier):
+    """The hand-off: Mask R-CNN, RetinaNet and UperNet (their backbones, tiny arch) take the
+    joining run's checkpoint through init_cfg as it is; the head count comes from its config;
+    the branches arrive unchanged, and λ = 1 with them."""
+    from mmrepa.apis import build_model
+    config, checkpoint = joined_classifier
+    classifier = torch.load(checkpoint, map_location='cpu', weights_only=False)['state_dict']
+    for name in ('mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py',
+                 'retinanet_depthrep_vit_tiny_d6_1x_coco.py',
+                 'upernet_depthrep_vit_tiny_d6_512x512_160k_ade20k.py'):
+        cfg = Config.fromfile(f'{osp.dirname(osp.dirname(__file__))}/configs/{name}')
+        cfg.model.backbone.arch = dict(embed_dims=16, num_layers=12, num_heads=2)
+        cfg.model.backbone.init_cfg.checkpoint = checkpoint
+        backbone = build_model(cfg).backbone
+        report = backbone.load_pretrained(checkpoint)
+        assert report.unexpected == ['cls_token'], (name, report.unexpected)
+        assert not report.missing, (name, report.missing)
+        assert torch.equal(backbone.stages[5].mlp.branch_fc1.weight,
+                           classifier['backbone.stages.5.mlp.branch_fc1.weight'])
+        assert all(block.current_join_lambda == 1.0 for block in backbone.stages)
