@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import os.path as osp
-import platform
 import shlex
 import statistics
 import sys
@@ -37,6 +36,7 @@ from mmengine.logging import MMLogger
 
 from mmrepa.backbones import DepthRepViT
 from mmrepa.utils import complexity, time_interleaved
+from mmrepa.utils.latency import cpu_name
 
 DEPTHS = (6, 4, 3)
 JOINS = ('logits', 'qkv')
@@ -63,17 +63,6 @@ def parse_args():
     parser.add_argument('--out', default='benchmarks/results/depth_rep_vit_tiny_1thread.json',
                         help='write the result as JSON here (empty: do not write)')
     return parser.parse_args()
-
-
-def cpu_name() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Classifier(nn.Module):

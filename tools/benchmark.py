@@ -16,7 +16,6 @@ import copy
 import json
 import os
 import os.path as osp
-import platform
 import sys
 import tempfile
 
@@ -27,6 +26,7 @@ from mmengine.config import DictAction
 import mmrepa
 from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
 from mmrepa.utils import complexity, model_complexity, time_interleaved
+from mmrepa.utils.latency import cpu_name
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 
 
@@ -51,18 +51,6 @@ def parse_args(argv=None):
     parser.add_argument('--plot', help='draw a before/after bar chart here (PNG)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     return parser.parse_args(argv)
-
-
-def cpu_name() -> str:
-    """The CPU model (Linux reports it in /proc/cpuinfo; platform.processor() is often empty)."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def summarize(stats, images):

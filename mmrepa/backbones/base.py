@@ -1,5 +1,5 @@
 """What every mmrepa backbone shares: the dense-prediction options users know from mmdet."""
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -11,6 +11,23 @@ from ..checkpoint.loading import (LoadReport, check_shapes, load_state_dict_chec
                                   read_state_dict)
 from ..fold import Reparameterizable, check_eval_mode, fold_submodules
 from ..registry import build_norm_layer
+
+
+def lookup_arch(arch: Union[str, dict], settings: Dict[str, dict], required: Sequence[str],
+                aliases: Optional[Dict[str, str]] = None) -> dict:
+    """A copy of the named arch of ``settings`` (any case, or one of ``aliases``), or of an
+    arch dict that has the ``required`` keys; the error names both forms."""
+    if isinstance(arch, str):
+        by_lower = {name.lower(): name for name in settings}
+        name = arch.lower()
+        name = by_lower.get((aliases or {}).get(name, name))
+        if name is None:
+            raise ValueError(f'unknown arch {arch!r}; choose one of {sorted(settings)} or give '
+                             f'dict({", ".join(f"{k}=..." for k in required)})')
+        return dict(settings[name])
+    if not isinstance(arch, dict) or not set(required) <= set(arch):
+        raise ValueError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
+    return dict(arch)
 
 
 class DenseBackbone(Reparameterizable, BaseModule):

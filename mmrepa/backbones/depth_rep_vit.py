@@ -21,7 +21,7 @@ from ..checkpoint.loading import LoadReport, strip_prefixes
 from ..errors import CheckpointError, ConfigError
 from ..layers import FoldablePatchEmbed, JoinedBlock, checkpoint_forward
 from ..layers.depth_join import stack_attention_branches, stack_ffn_branches
-from .base import DenseBackbone
+from .base import DenseBackbone, lookup_arch
 
 # Width, depth L of the original (sequential) ViT, heads. 'tiny' is the paper's (MAE-Lite's)
 # ViT-Tiny with 12 heads of 16 channels, not timm's / DeiT's 3 heads of 64 (SPEC §7.1): the
@@ -38,16 +38,8 @@ OUT_TYPES = ('avg', 'cls', 'featmap')
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'tiny' | 'small' | 'base'`` (or t/s/b) or a dict with ``embed_dims``, ``num_layers``
     (the original depth L) and ``num_heads`` (per branch)."""
-    if isinstance(arch, str):
-        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
-        if name not in ARCH_SETTINGS:
-            raise ValueError(f"unknown arch {arch!r}; choose one of {sorted(ARCH_SETTINGS)} or "
-                             'give dict(embed_dims=..., num_layers=..., num_heads=...)')
-        return dict(ARCH_SETTINGS[name])
-    required = {'embed_dims', 'num_layers', 'num_heads'}
-    if not isinstance(arch, dict) or not required <= set(arch):
-        raise ValueError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
-    return dict(arch)
+    return lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'),
+                       ARCH_ALIASES)
 
 
 def resolve_branches(num_layers: int, num_branches: Optional[int],

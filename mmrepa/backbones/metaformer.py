@@ -21,7 +21,7 @@ from ..fold import Reparameterizable, check_fold_state
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, checkpoint_forward, num_active_channels)
 from ..registry import build_activation_layer, build_norm_layer
-from .base import DenseBackbone, trunc_normal_init_
+from .base import DenseBackbone, lookup_arch, trunc_normal_init_
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -39,17 +39,11 @@ LN_NO_BIAS = dict(type='LN', eps=1e-6, bias=False)
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'s18' | 's36' | 'm36' | 'b36'`` or ``dict(depths=..., dims=...)`` -> arch settings."""
-    if isinstance(arch, str):
-        if arch.lower() not in ARCH_SETTINGS:
-            raise ValueError(f"unknown arch '{arch}'; choose one of {sorted(ARCH_SETTINGS)} or "
-                             'give dict(depths=(d1, d2, d3, d4), dims=(c1, c2, c3, c4))')
-        return dict(ARCH_SETTINGS[arch.lower()])
-    if not isinstance(arch, dict) or set(arch) != {'depths', 'dims'}:
-        raise ValueError(f'a custom arch must be a dict with exactly the keys depths and dims, '
-                         f'got {arch}')
-    if len(arch['depths']) != NUM_STAGES or len(arch['dims']) != NUM_STAGES:
-        raise ValueError(f"a custom arch needs {NUM_STAGES} depths and {NUM_STAGES} dims (one "
-                         f"per stage), got depths={arch['depths']}, dims={arch['dims']}")
+    arch = lookup_arch(arch, ARCH_SETTINGS, ('depths', 'dims'))
+    if set(arch) != {'depths', 'dims'} or len(arch['depths']) != NUM_STAGES \
+            or len(arch['dims']) != NUM_STAGES:
+        raise ValueError(f'a custom arch needs {NUM_STAGES} depths and {NUM_STAGES} dims (one '
+                         f'per stage) and no other key, got {arch}')
     return dict(depths=tuple(arch['depths']), dims=tuple(arch['dims']))
 
 

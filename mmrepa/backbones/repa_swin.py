@@ -19,7 +19,7 @@ from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       channels_last_norm, checkpoint_forward, shifted_window_mask)
 from ..registry import build_norm_layer
-from .base import DenseBackbone, trunc_normal_init_
+from .base import DenseBackbone, lookup_arch, trunc_normal_init_
 
 # embed_dims, depths, num_heads of the published Swin variants.
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -32,19 +32,11 @@ ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base'}
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'tiny' | 'small' | 'base'`` (or t/s/b) or an explicit dict -> arch settings."""
-    if isinstance(arch, str):
-        name = ARCH_ALIASES.get(arch.lower(), arch.lower())
-        if name not in ARCH_SETTINGS:
-            raise ValueError(f"unknown arch '{arch}'; choose one of {sorted(ARCH_SETTINGS)} "
-                             "or give dict(embed_dims=..., depths=..., num_heads=...)")
-        return dict(ARCH_SETTINGS[name])
-    required = {'embed_dims', 'depths', 'num_heads'}
-    if not isinstance(arch, dict) or not required <= set(arch):
-        raise ValueError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
+    arch = lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'depths', 'num_heads'), ARCH_ALIASES)
     if len(arch['depths']) != len(arch['num_heads']):
         raise ValueError(f"arch depths {arch['depths']} and num_heads {arch['num_heads']} "
                          'must have one entry per stage')
-    return dict(arch)
+    return arch
 
 
 # mmdet SwinTransformer arguments RePaSwin accepts, so that a config can switch a Swin backbone's

@@ -18,7 +18,7 @@ from ..checkpoint.loading import read_state_dict, strip_prefixes
 from ..errors import CheckpointError, ConfigError
 from ..layers.grad_checkpoint import checkpoint_forward
 from ..layers.repopt import (CSLAConvBN, RepOptConvBN, RepVGGConvBN, hyper_search_init)
-from .base import DenseBackbone
+from .base import DenseBackbone, lookup_arch
 
 # depths of stages 1-4, their widths, the stem's width (SPEC-repopt §6.1)
 ARCH_SETTINGS = {
@@ -32,17 +32,11 @@ SCALE_NAMES = ('scale_conv', 'scale_1x1', 'scale_identity')
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
-    if isinstance(arch, str):
-        if arch not in ARCH_SETTINGS:
-            raise ValueError(f'arch {arch!r} is not one of {sorted(ARCH_SETTINGS)}; give a '
-                             'dict(depths=(4 ints), widths=(4 ints), stem_width=int) instead')
-        return dict(ARCH_SETTINGS[arch])
-    missing = {'depths', 'widths', 'stem_width'} - set(arch)
-    if missing or len(arch['depths']) != 4 or len(arch['widths']) != 4:
-        raise ValueError(f'arch dict needs depths and widths of 4 stages and stem_width, got '
-                         f'{arch}')
-    return dict(arch)
-
+    """``'B1' | 'B2' | 'L1' | 'L2'`` or ``dict(depths=(4 ints), widths=(4 ints), stem_width=)``."""
+    arch = lookup_arch(arch, ARCH_SETTINGS, ('depths', 'widths', 'stem_width'))
+    if len(arch['depths']) != 4 or len(arch['widths']) != 4:
+        raise ValueError(f'arch dict needs depths and widths of 4 stages, got {arch}')
+    return arch
 
 
 @MODELS.register_module()

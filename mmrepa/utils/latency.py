@@ -3,11 +3,24 @@
 Variants are timed interleaved (A B A B ...) so that drift of the machine (thermal state,
 other load) affects all of them alike.
 """
+import platform
 import statistics
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
+
+
+def cpu_name() -> str:
+    """The CPU model (Linux reports it in /proc/cpuinfo; platform.processor() is often empty)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 class LatencyStats(NamedTuple):
