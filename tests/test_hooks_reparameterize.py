@@ -46,6 +46,30 @@ def test_latency_is_milliseconds_per_image_of_each_batch():
     assert 10.0 <= r['ms_per_image_after'] < 10.0 + 25.0
 
 
+class RecordsAutocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def test_step(self, batch):
+        self.seen.append(torch.is_autocast_enabled('cpu'))
+        return [None] * len(batch['inputs'])
+
+
+@pytest.mark.parametrize('fp16', [False, True])
+def test_latency_is_timed_under_the_test_loops_autocast(fp16):
+    """TestLoop(fp16=True) tests under autocast: the hook times both models so too."""
+    hook = ReparameterizeHook(measure_latency=True, warmup=1)
+    hook.results = {}
+    runner = SimpleNamespace(logger=logging.getLogger('test_hooks_reparameterize'),
+                             test_loop=SimpleNamespace(fp16=fp16))
+    before, after = RecordsAutocast(), RecordsAutocast()
+    hook._measure(runner, before, after, [dict(inputs=[0])] * 2)
+    assert before.seen == after.seen == [fp16] * 3
+    assert hook.results['autocast'] is fp16
+
+
 class PicksLargest(nn.Module):
     """An 'RPN': dense scores, and the 5 largest as proposals."""
 

@@ -10,6 +10,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import BaseLoop
+from mmengine.runner.amp import autocast
 
 from ...fold import fold_model
 from ...utils.latency import time_interleaved
@@ -77,7 +78,9 @@ class ReparameterizeHook(Hook):
         tolerance (float): See ``verify``. Default: 1e-4.
         measure_latency (bool): Time ``test_step``, original vs folded, interleaved on
             ``num_batches`` test batches after ``warmup`` untimed rounds; log the median time
-            per image (each batch's time divided by its own size). Default: False.
+            per image (each batch's time divided by its own size). Under the test loop's
+            autocast when it has one (``test_cfg = dict(type='TestLoop', fp16=True)``), as the
+            test runs; ``verify`` compares without it (the fold itself). Default: False.
         num_batches (int): Test batches used for timing. Default: 10.
         warmup (int): Untimed rounds before timing. Default: 2.
     """
@@ -196,6 +199,8 @@ class ReparameterizeHook(Hook):
     def _measure(self, runner, model, folded, batches) -> None:
         device = _device_of(model)
         sizes = {'before': [], 'after': []}
+        # TestLoop(fp16=True) runs test_step under mmengine's autocast: time it so too
+        fp16 = bool(getattr(getattr(runner, 'test_loop', None), 'fp16', False))
 
         def one_batch_at_a_time(name, m):
             it = itertools.cycle(batches)
@@ -203,7 +208,8 @@ class ReparameterizeHook(Hook):
             def call():
                 batch = next(it)
                 sizes[name].append(_batch_size(batch))
-                return m.test_step(batch)
+                with autocast(enabled=fp16):
+                    return m.test_step(batch)
 
             return call
 
@@ -221,7 +227,8 @@ class ReparameterizeHook(Hook):
             per_image[name] = statistics.median([t / n for t, n in zip(s.samples, timed)])
         before, after = per_image['before'], per_image['after']
         self.results.update(ms_per_image_before=before, ms_per_image_after=after,
-                            change_percent=100.0 * (after - before) / before)
+                            change_percent=100.0 * (after - before) / before,
+                            autocast=fp16)
 
     def _log_table(self, runner) -> None:
         r = self.results
@@ -229,7 +236,8 @@ class ReparameterizeHook(Hook):
                  f"{r['params_after'] / 1e6:.2f}",
                  f"{100.0 * (r['params_after'] - r['params_before']) / r['params_before']:+.1f} %")]
         if 'ms_per_image_before' in r:
-            rows.insert(0, ('test_step ms / image', f"{r['ms_per_image_before']:.1f}",
+            rows.insert(0, ('test_step ms/img, amp' if r['autocast'] else 'test_step ms / image',
+                            f"{r['ms_per_image_before']:.1f}",
                             f"{r['ms_per_image_after']:.1f}", f"{r['change_percent']:+.1f} %"))
         lines = [f"{'':<22}{'before':>10}{'after':>10}{'change':>10}"]
         lines += [f'{a:<22}{b:>10}{c:>10}{d:>10}' for a, b, c, d in rows]
