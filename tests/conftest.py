@@ -1,3 +1,10 @@
+import contextlib
+import importlib.util
+import io
+import os
+import os.path as osp
+import sys
+
 import pytest
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -43,3 +50,62 @@ def max_abs_diff(a, b) -> float:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# ----------------------------------------------------------- running a tool in this process
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+_SCRIPTS = {}
+
+
+def script_module(script: str):
+    """The script (``tools/train.py``, or a package's ``.mim/tools/test.py``) as a module, loaded
+    once per process; its ``if __name__ == '__main__'`` block does not run."""
+    path = osp.join(ROOT, script)
+    if path not in _SCRIPTS:
+        name = '_script_' + osp.splitext(osp.relpath(path, ROOT))[0].replace(os.sep, '_')
+        spec = importlib.util.spec_from_file_location(name.replace('.', '_'), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SCRIPTS[path] = module
+    return _SCRIPTS[path]
+
+
+def run_script_here(script: str, *args, ok: bool = True):
+    """``python SCRIPT ARGS`` from the repository root as ``run_tool`` runs it, but in this
+    process, without the interpreter start and the imports (torch, mmengine, mmdet, ...) a
+    subprocess pays: the script's ``main()`` with ``sys.argv`` as the interpreter sets it, its
+    standard output and error captured. Asserts it succeeded (``ok``) or stopped with an error,
+    as ``run_tool`` asserts the exit code; returns (what ``main`` returned, the output, with the
+    message of a stop at the end).
+
+    For tests whose point is what a tool computes, not its process; a check of what a user sees
+    at the command line keeps a subprocess. Restored after the call: ``sys.argv``, the working
+    directory, ``LOCAL_RANK`` (the runner scripts set it from ``--local_rank``) and the flushing
+    of denormals (tools/benchmark.py turns it on; off is torch's default). The messages of a
+    runner's logger are captured only if the runner created it: do not assert that something is
+    absent from them without asserting something of the same run is present."""
+    out, value, code = io.StringIO(), None, 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, 'argv', [osp.join(ROOT, script), *map(str, args)])
+        mp.chdir(ROOT)
+        if 'LOCAL_RANK' in os.environ:
+            mp.setenv('LOCAL_RANK', os.environ['LOCAL_RANK'])
+        else:
+            mp.delenv('LOCAL_RANK', raising=False)
+        main = script_module(script).main
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                value = main()
+        except SystemExit as stop:  # as the interpreter turns it into an exit code
+            code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+            if not isinstance(stop.code, (int, type(None))):
+                out.write(f'{stop.code}\n')
+        except BaseException:  # the script's output, shown with the failure
+            sys.stdout.write(out.getvalue()[-4000:])
+            raise
+        finally:
+            torch.set_flush_denormal(False)
+    log = out.getvalue()
+    assert (code == 0) == ok, log[-4000:]
+    return value, log

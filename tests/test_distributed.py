@@ -12,6 +12,8 @@ import torch
 
 from mmrepa.datasets import make_shapes_coco
 
+from .conftest import run_script_here
+
 # module-scoped fixtures: keep this file's tests on one xdist worker
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -97,11 +99,10 @@ def test_two_process_folded_test_matches_single_process(setup):
     # fold parity: the hook's check of the whole model's outputs on a test batch
     errors = [float(e) for e in re.findall(r'max relative error (\S+)', log)]
     assert errors and max(errors) < 1e-4, log[-3000:]
-    proc = subprocess.run([sys.executable, 'tools/test.py', config, ckpt, '--work-dir',
-                           str(root / 'test1'), '--reparam', '--dump-metrics', single_out],
-                          cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT))  # for tests.dist_hooks
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the single-process reference: tools/test.py's main() in this process (which imports
+    # tests.dist_hooks as the config asks), without a subprocess's imports
+    run_script_here('tools/test.py', config, ckpt, '--work-dir', str(root / 'test1'), '--reparam',
+                    '--dump-metrics', single_out)
     dist, single = json.load(open(dist_out)), json.load(open(single_out))
     assert 'coco/bbox_mAP' in single
     assert dist == single  # the 2 ranks' results are gathered into one process's metric

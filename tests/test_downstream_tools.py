@@ -1,6 +1,8 @@
 """mmrepa configs run by the tools users already have: ``mim train`` / ``mim test``, and
 mmdet's and mmseg's own ``tools/test.py`` (shipped in their packages' ``.mim``), with and
-without ReparameterizeHook, on small generated data."""
+without ReparameterizeHook, on small generated data. The runs with the hook are the users'
+commands (subprocesses); the plain runs they are compared with run the same scripts in this
+process (``run_script_here``), without a subprocess's imports."""
 import glob
 import json
 import os.path as osp
@@ -11,7 +13,7 @@ import pytest
 
 from mmrepa.datasets import make_shapes_coco
 
-from .conftest import shapes_cfg_options
+from .conftest import run_script_here, shapes_cfg_options
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
@@ -74,10 +76,11 @@ def test_mim_train_and_test_mmdet_with_and_without_reparameterize_hook(shapes):
     ckpt = osp.join(work, 'epoch_1.pth')
     assert osp.exists(ckpt)
 
+    # the plain test: the script mim runs (mmdet's own tools/test.py), in this process
     plain = str(root / 'test_plain')
-    log = mim('test', 'mmdet', DEMO, '--checkpoint', ckpt, '--work-dir', plain,
-              '--cfg-options', *options)
-    assert 'mmdet/.mim/tools/test.py' in log  # mim ran mmdet's own script
+    _, log = run_script_here(own_test_script('mmdet'), DEMO, ckpt, '--work-dir', plain,
+                             '--cfg-options', *options)
+    assert 'coco/bbox_mAP' in log, log[-4000:]  # the log of this run was captured
     assert 'ReparameterizeHook' not in log
     metrics = written_metrics(plain)
     assert 'coco/bbox_mAP' in metrics
@@ -86,6 +89,7 @@ def test_mim_train_and_test_mmdet_with_and_without_reparameterize_hook(shapes):
     config = with_reparameterize_hook(DEMO, str(root / 'demo_reparam.py'))
     log = mim('test', 'mmdet', config, '--checkpoint', ckpt, '--work-dir', folded,
               '--cfg-options', *options)
+    assert 'mmdet/.mim/tools/test.py' in log  # mim ran mmdet's own script
     assert 'ReparameterizeHook: folded model verified' in log, log[-4000:]
     assert 'ReparameterizeHook: reparameterized the model for testing' in log
     assert written_metrics(folded).keys() == metrics.keys()
@@ -128,8 +132,12 @@ def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
                          ('folded', with_reparameterize_hook(UPERNET,
                                                              str(tmp_path / 'reparam.py')))):
         work = str(tmp_path / name)
-        log = run(sys.executable, script, config, ckpt, '--work-dir', work, '--cfg-options',
-                  *options)
+        args = (script, config, ckpt, '--work-dir', work, '--cfg-options', *options)
+        if name == 'folded':  # the user's command
+            log = run(sys.executable, *args)
+        else:  # what it is compared with: the same script in this process, its log captured
+            log = run_script_here(*args)[1]
+            assert 'mIoU' in log, log[-4000:]
         results[name] = written_metrics(work)
         assert ('ReparameterizeHook: folded model verified' in log) == (name == 'folded'), \
             log[-4000:]

@@ -1,7 +1,8 @@
 """ImageNet pretraining in mmpretrain and the hand-off to detection and segmentation.
 
 A classifier config (``configs/*_in1k.py``, shrunk to a tiny arch and given a few generated
-images) is trained for a few iterations with ``tools/train.py``; the RetinaNet and UperNet
+images) is trained for a few iterations with ``tools/train.py`` (at the command line for one
+family, in this process for the others); the RetinaNet and UperNet
 configs of the same family load its checkpoint through their backbone's ``init_cfg``, with
 nothing missing but the output norms, and their backbones compute the classifier's stage
 features. The tools take the classifier config as they take mmdet and mmseg ones.
@@ -21,7 +22,7 @@ from PIL import Image
 from mmrepa.apis import build_model, init_model, load_config
 from mmrepa.errors import CheckpointError, ConfigError
 
-from .conftest import TINY_ARCH
+from .conftest import TINY_ARCH, run_script_here
 from .test_configs import METAFORMER_TINY, backbone_outputs, set_feature_channels
 from .test_downstream_tools import own_test_script, written_metrics
 
@@ -39,6 +40,9 @@ FAMILIES = {
     'prepbn_swin_t_8xb128_in1k.py': (('retinanet_prepbn_swin_t_1x_coco.py',
                                       'upernet_prepbn_swin_t_512x512_160k_ade20k.py'), TINY_ARCH),
 }
+# the family trained at the command line (test_tools_take_the_classifier_config reads its log);
+# the others run tools/train.py's main() in this process, without a subprocess's imports
+CLI_FAMILY = 'repa_swin_t_32xb128_in1k.py'
 
 
 def run_tool(*args, ok=True):
@@ -106,7 +110,8 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
 @pytest.fixture(scope='module')
 def train(tmp_path_factory):
     """``train(base)``: (classifier config, its checkpoint after ITERS iterations of
-    tools/train.py with --auto-scale-lr, base, the training log), once per module and family."""
+    tools/train.py with --auto-scale-lr, base, the training log), once per module and family
+    (a subprocess for CLI_FAMILY, this process for the others)."""
     done = {}
 
     def trained(base):
@@ -115,8 +120,9 @@ def train(tmp_path_factory):
             data = write_images(str(tmp / 'data'))
             config = tiny_classifier_config(base, FAMILIES[base][1], data,
                                             str(tmp / 'classifier.py'))
-            log = run_tool(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir',
-                           str(tmp / 'work'), '--auto-scale-lr')
+            args = ('tools/train.py', config, '--work-dir', str(tmp / 'work'), '--auto-scale-lr')
+            log = (run_tool(osp.join(ROOT, args[0]), *args[1:]) if base == CLI_FAMILY else
+                   run_script_here(*args)[1])
             done[base] = config, str(tmp / 'work' / f'iter_{ITERS}.pth'), base, log
         return done[base]
 
@@ -130,7 +136,7 @@ def trained(request, train):
 
 @pytest.fixture
 def trained_repa_swin(train):
-    return train('repa_swin_t_32xb128_in1k.py')
+    return train(CLI_FAMILY)
 
 
 def dense_model(config: str, arch: dict, checkpoint: str):
@@ -192,22 +198,24 @@ def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
 def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
     """tools/train.py --auto-scale-lr, tools/test.py (top-1 unchanged by --reparam),
     mmpretrain's own tools/test.py on the deploy config with a checkpoint folded by
-    tools/reparameterize.py (get_flops: test_model_index.py)."""
+    tools/reparameterize.py (get_flops: test_model_index.py). The tools whose output is checked
+    run at the command line; the plain test and the fold, whose results are, in this process."""
     config, checkpoint, _, train_log = trained_repa_swin
     # the recipe's learning rate is for the paper's 4096 images per step; this run has 4
     assert 'LR is set based on batch size of 4096 and the current batch size is 4' in train_log
     metrics = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
         out = str(tmp_path / f'{name}.json')
-        log = run_tool(osp.join(ROOT, 'tools', 'test.py'), config, checkpoint, '--work-dir',
-                       str(tmp_path / name), '--dump-metrics', out, *flags)
+        args = ('tools/test.py', config, checkpoint, '--work-dir', str(tmp_path / name),
+                '--dump-metrics', out, *flags)
+        log = run_tool(osp.join(ROOT, args[0]), *args[1:]) if flags else run_script_here(*args)[1]
         with open(out) as f:
             metrics[name] = json.load(f)
     assert 'ReparameterizeHook: folded model verified' in log
     assert metrics['folded']['accuracy/top1'] == metrics['plain']['accuracy/top1']
 
     folded = str(tmp_path / 'folded.pth')
-    run_tool(osp.join(ROOT, 'tools', 'reparameterize.py'), config, checkpoint, folded)
+    run_script_here('tools/reparameterize.py', config, checkpoint, folded)
     deploy = tmp_path / 'deploy.py'
     deploy.write_text(f'_base_ = {config!r}\nmodel = dict(backbone=dict(deploy=True))\n')
     work = str(tmp_path / 'own')

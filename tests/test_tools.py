@@ -1,4 +1,6 @@
-"""The command-line tools, run as a user runs them (subprocesses), on generated data."""
+"""The command-line tools on generated data: each tool's command line run as a user runs it (a
+subprocess), the rest of a tool's checks in this process (``run_script_here``: the same
+``main()``, without the interpreter start and imports each subprocess pays)."""
 import copy
 import json
 import os.path as osp
@@ -11,7 +13,7 @@ import torch
 
 from mmrepa.datasets import make_shapes_coco
 
-from .conftest import shapes_cfg_options
+from .conftest import run_script_here, shapes_cfg_options
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
 
@@ -33,7 +35,7 @@ def trained(tmp_path_factory):
     data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
     options = shapes_cfg_options(data)
     work = str(root / 'work')
-    run_tool('tools/train.py', DEMO, '--work-dir', work, '--cfg-options', *options,
+    run_script_here('tools/train.py', DEMO, '--work-dir', work, '--cfg-options', *options,
              'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
              'train_dataloader.batch_size=4')
     return root, options, osp.join(work, 'epoch_1.pth')
@@ -50,10 +52,12 @@ def verify_error(log):
 def test_test_with_and_without_reparam(trained):
     root, options, ckpt = trained
     metrics = {}
+    # the folded run at the command line (its log is checked), the plain one in this process
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '2'])):
         out = str(root / f'{name}.json')
-        log = run_tool('tools/test.py', DEMO, ckpt, '--work-dir', str(root / 'test'),
-                       '--dump-metrics', out, *flags, '--cfg-options', *options)
+        args = ('tools/test.py', DEMO, ckpt, '--work-dir', str(root / 'test'),
+                '--dump-metrics', out, *flags, '--cfg-options', *options)
+        log = run_tool(*args) if flags else run_script_here(*args)[1]
         with open(out) as f:
             metrics[name] = json.load(f)
     assert 'coco/bbox_mAP' in metrics['plain']
@@ -91,10 +95,11 @@ def test_offline_reparameterize_round_trip(trained):
     assert folded['meta']['mmrepa']['deploy'] is True
     assert folded['meta']['dataset_meta'] == source['meta']['dataset_meta']
     assert not any('.ffn.fc1.' in k for k in folded['state_dict'])
-    assert 'exists' in run_tool('tools/reparameterize.py', DEMO, ckpt, out, ok=False)
-    assert 'input checkpoint' in run_tool('tools/reparameterize.py', DEMO, ckpt, ckpt, '--force',
-                                          ok=False)
-    run_tool('tools/reparameterize.py', DEMO, ckpt, out, '--force')
+    # the refusals and --force in this process (the same main() and SystemExit messages)
+    assert 'exists' in run_script_here('tools/reparameterize.py', DEMO, ckpt, out, ok=False)[1]
+    assert 'input checkpoint' in run_script_here('tools/reparameterize.py', DEMO, ckpt, ckpt,
+                                                 '--force', ok=False)[1]
+    run_script_here('tools/reparameterize.py', DEMO, ckpt, out, '--force')
     # mmdet's loader reads the class names from the checkpoint (COCO's 80 without them)
     deployed = init_detector(DEMO, out, device='cpu',
                              cfg_options={'model.backbone.deploy': True})
@@ -153,20 +158,22 @@ def test_benchmark_writes_well_formed_json(trained, tmp_path):
 
 def test_export_onnx_backbone_and_single_stage_detector(trained, tmp_path):
     root, options, ckpt = trained
+    # the backbone at the command line, the rest in this process
     for flags, what in (([], 'backbone'), (['--full'], 'model')):
         out = str(tmp_path / f'{what}.onnx')
-        log = run_tool('tools/export_onnx.py', DEMO, ckpt, '--shape', '61', '93', '--out', out,
-                       *flags)
+        args = ('tools/export_onnx.py', DEMO, ckpt, '--shape', '61', '93', '--out', out, *flags)
+        log = run_script_here(*args)[1] if flags else run_tool(*args)
         err = float(log.split('max abs difference')[-1].split()[0])
         assert err < 1e-4 and osp.getsize(out) > 0, log
     mask_rcnn = osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py')
-    log = run_tool('tools/export_onnx.py', mask_rcnn, '--shape', '64', '64', '--full',
-                   '--out', str(tmp_path / 'm.onnx'), ok=False)
+    log = run_script_here('tools/export_onnx.py', mask_rcnn, '--shape', '64', '64', '--full',
+                          '--out', str(tmp_path / 'm.onnx'), ok=False)[1]
     assert 'drop --full' in log and 'MaskRCNN' in log
 
 
 def test_get_flops(trained):
-    log = run_tool('tools/get_flops.py', DEMO, '--shape', '64', '96')
+    # in this process; tools/get_flops.py at the command line: test_model_index.py
+    log = run_script_here('tools/get_flops.py', DEMO, '--shape', '64', '96')[1]
     assert 'backbone' in log and 'GMACs' in log
 
 
@@ -190,12 +197,15 @@ SMALL_TEST_IMAGES = {
 def test_benchmark_and_get_flops_cover_two_stage_detectors_and_segmentors(config, tmp_path):
     config, small = osp.join(ROOT, 'configs', config), SMALL_TEST_IMAGES[config]
     out = str(tmp_path / 'bench.json')
-    run_tool('tools/benchmark.py', config, '--shape', '96', '128', '--repeat', '1', '--warmup',
-             '0', '--out', out, '--cfg-options', *small)
+    # both tools in this process (their command lines: test_benchmark_writes_well_formed_json,
+    # test_model_index.py)
+    run_script_here('tools/benchmark.py', config, '--shape', '96', '128', '--repeat', '1',
+                    '--warmup', '0', '--out', out, '--cfg-options', *small)
     scope = json.load(open(out))['scopes']['test_step']
     assert scope['input_shape'][2:] == [96, 128]
     assert 0 < scope['gmacs_after'] < scope['gmacs_before']
-    log = run_tool('tools/get_flops.py', config, '--shape', '96', '128', '--cfg-options', *small)
+    log = run_script_here('tools/get_flops.py', config, '--shape', '96', '128', '--cfg-options',
+                          *small)[1]
     model = next(line for line in log.splitlines() if line.startswith('model'))
     params_before, params_after, gmacs_before, gmacs_after = map(float, model.split()[1:5])
     assert params_after < params_before and 0 < gmacs_after <= gmacs_before, log
@@ -237,12 +247,14 @@ def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
         options += [f'{loader}.dataset.data_root={ade_like}', f'{loader}.num_workers=0',
                     f'{loader}.persistent_workers=False']
     work = str(tmp_path / 'work')
-    run_tool('tools/train.py', config, '--work-dir', work, '--cfg-options', *options)
+    # training and the plain test in this process, the folded test (its log) at the command line
+    run_script_here('tools/train.py', config, '--work-dir', work, '--cfg-options', *options)
     metrics = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
         dump = str(tmp_path / f'{name}.json')
-        log = run_tool('tools/test.py', config, osp.join(work, 'iter_2.pth'), '--work-dir', work,
-                       '--dump-metrics', dump, *flags, '--cfg-options', *options)
+        args = ('tools/test.py', config, osp.join(work, 'iter_2.pth'), '--work-dir', work,
+                '--dump-metrics', dump, *flags, '--cfg-options', *options)
+        log = run_tool(*args) if flags else run_script_here(*args)[1]
         metrics[name] = json.load(open(dump))
     assert 'mIoU' in metrics['plain']
     assert metrics['folded'].keys() == metrics['plain'].keys()
@@ -256,8 +268,9 @@ def test_a_foreign_reparameterizable_backbone_is_folded_by_its_own_convention(tr
     root, options, _ = trained
     config = osp.join(ROOT, 'configs', 'demo', 'retinanet_repvgg_shapes.py')
     work = str(root / 'repvgg')
-    run_tool('tools/train.py', config, '--work-dir', work, '--cfg-options', *options,
-             'train_cfg.max_epochs=1', 'train_cfg.val_interval=2', 'train_dataloader.batch_size=4')
+    run_script_here('tools/train.py', config, '--work-dir', work, '--cfg-options', *options,
+                    'train_cfg.max_epochs=1', 'train_cfg.val_interval=2',
+                    'train_dataloader.batch_size=4')
     ckpt = osp.join(work, 'epoch_1.pth')
     theirs = init_model(config, ckpt)
     before = sum(p.numel() for p in theirs.parameters())
@@ -266,8 +279,9 @@ def test_a_foreign_reparameterizable_backbone_is_folded_by_its_own_convention(tr
     metrics, logs = {}, {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '0'])):
         out = str(root / f'repvgg_{name}.json')
-        logs[name] = run_tool('tools/test.py', config, ckpt, '--work-dir', work, '--dump-metrics',
-                              out, *flags, '--cfg-options', *options)
+        args = ('tools/test.py', config, ckpt, '--work-dir', work, '--dump-metrics', out, *flags,
+                '--cfg-options', *options)  # the folded run's log is checked: a subprocess
+        logs[name] = run_tool(*args) if flags else run_script_here(*args)[1]
         with open(out) as f:
             metrics[name] = json.load(f)
     log = logs['folded']
