@@ -21,14 +21,15 @@ from mmrepa.engine.hooks import join_modules
 from .conftest import TINY_ARCH
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-# Left out: fragments (not whole configs); the deploy variants (only deploy=True over a config
-# tested here; folded builds are tested per backbone); the larger ImageNet MetaFormer sizes,
-# which shrink to the same tiny model as their s18 config and differ only in drop rates; the
-# 4- and 3-layer depth re-parameterized ViT configs, which differ from the 6-layer ones in depth.
+# Left out: fragments (not whole configs); mmdeploy's configs (configs/deploy/); the deploy
+# variants (only deploy=True over a config tested here; folded builds are tested per backbone);
+# the larger ImageNet MetaFormer sizes, which shrink to the same tiny model as their s18 config
+# and differ only in drop rates; the 4- and 3-layer depth re-parameterized ViT configs, which
+# differ from the 6-layer ones in depth.
 _REDUNDANT = re.compile(r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
                         r'|depthrep_vit_tiny_d[34]_')
 CONFIGS = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
-                 if '_base_' not in p.split(osp.sep) and not _REDUNDANT.search(p))
+                 if not {'_base_', 'deploy'} & set(p.split(osp.sep)) and not _REDUNDANT.search(p))
 H, W = 96, 128
 # Larger sizes of a family (Swin S/B, MetaFormer S36/M36 in detection and segmentation; Swin S/B
 # classifiers): they inherit their smallest size's config and change the arch, drop path and the

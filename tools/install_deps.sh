@@ -65,6 +65,20 @@ for req in stack $([ "$WITH_TESTS" = "--tests" ] && echo tests); do
   satisfied "$ROOT/requirements/$req.txt" || pip_install --quiet -r "$ROOT/requirements/$req.txt"
 done
 
+# 2b. With --tests: mmdeploy 1.3.1, for tools/deploy.py and tests/test_mmdeploy.py. Its metadata
+#     pins protobuf<=3.20.2, which the onnx above cannot run with (pip would refuse, or
+#     downgrade protobuf and break onnx); nothing it runs for ONNX Runtime needs that protobuf.
+#     So it is installed without dependencies, and requirements/deploy.txt lists the ones it
+#     imports that the stack lacks.
+MMDEPLOY_VERSION=1.3.1
+if [ "$WITH_TESTS" = "--tests" ]; then
+  satisfied "$ROOT/requirements/deploy.txt" || pip_install --quiet -r "$ROOT/requirements/deploy.txt"
+  if ! installed mmdeploy "$MMDEPLOY_VERSION"; then
+    log "installing mmdeploy==$MMDEPLOY_VERSION without its dependencies (its protobuf<=3.20.2 pin does not fit onnx)"
+    pip_install --quiet --no-deps "mmdeploy==$MMDEPLOY_VERSION"
+  fi
+fi
+
 # 3. mmcv with compiled ops.
 mmcv_ops_ok() { "$PY" -c 'import mmcv, mmcv.ops; from mmcv.ops import nms, RoIAlign' >/dev/null 2>&1; }
 
