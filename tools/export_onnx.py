@@ -27,6 +27,7 @@ class TensorForward(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.train(model.training)  # export_onnx sets the whole tree to the wrapper's mode
 
     def forward(self, x):
         return self.model(x, mode='tensor')
