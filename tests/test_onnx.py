@@ -40,3 +40,23 @@ def test_export_reports_a_shape_mismatch(tmp_path):
     with pytest.raises(ValueError, match=r'exported for input \(1, 3, 64, 64\) but got '
                        r'\(1, 3, 96, 64\): export it again'):
         onnx_max_abs_error(model, torch.randn(1, 3, 96, 64), onnxruntime_session(path))
+
+
+def test_full_export_leaves_batchnorm_statistics_alone(tmp_path):
+    """tools/export_onnx.py --full wraps the model; the export runs in the model's own (eval)
+    mode, so BatchNorm statistics are read, not updated."""
+    from .conftest import script_module
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x, mode='tensor'):
+            return self.bn(self.conv(x))
+
+    model = Model().eval()
+    before = model.bn.running_mean.clone()
+    wrapper = script_module('tools/export_onnx.py').TensorForward(model)
+    export_onnx(wrapper, torch.randn(2, 3, 8, 8) * 5 + 3, str(tmp_path / 'm.onnx'))
+    assert torch.equal(model.bn.running_mean, before) and not model.training
