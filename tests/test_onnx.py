@@ -4,7 +4,8 @@ import torch
 
 from mmrepa import reparameterize
 from mmrepa.backbones import CAFormer, PRepBNSwin, RePaSwin
-from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session
+from mmrepa.utils.onnx import (TensorForward, export_onnx, onnx_max_abs_error,
+                               onnxruntime_session)
 
 from .conftest import TINY_ARCH, randomize_
 
@@ -45,8 +46,6 @@ def test_export_reports_a_shape_mismatch(tmp_path):
 def test_full_export_leaves_batchnorm_statistics_alone(tmp_path):
     """tools/export_onnx.py --full wraps the model; the export runs in the model's own (eval)
     mode, so BatchNorm statistics are read, not updated."""
-    from .conftest import script_module
-
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -57,6 +56,6 @@ def test_full_export_leaves_batchnorm_statistics_alone(tmp_path):
 
     model = Model().eval()
     before = model.bn.running_mean.clone()
-    wrapper = script_module('tools/export_onnx.py').TensorForward(model)
+    wrapper = TensorForward(model)
     export_onnx(wrapper, torch.randn(2, 3, 8, 8) * 5 + 3, str(tmp_path / 'm.onnx'))
     assert torch.equal(model.bn.running_mean, before) and not model.training

@@ -18,19 +18,8 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import init_model, one_line_errors
-from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session
-
-
-class TensorForward(torch.nn.Module):
-    """``model(inputs, mode='tensor')``."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-        self.train(model.training)  # export_onnx sets the whole tree to the wrapper's mode
-
-    def forward(self, x):
-        return self.model(x, mode='tensor')
+from mmrepa.utils.onnx import (TensorForward, export_onnx, onnx_max_abs_error,
+                               onnxruntime_session)
 
 
 def parse_args(argv=None):

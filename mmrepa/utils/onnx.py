@@ -29,6 +29,19 @@ class FlatOutputs(nn.Module):
         return tuple(flatten_outputs(self.module(x, **self.kwargs)))
 
 
+class TensorForward(nn.Module):
+    """``model(inputs, mode='tensor')``: an mmdet / mmseg model's tensor forward as a module to
+    export (a single-stage detector's head outputs), in the model's own mode."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.train(model.training)  # export_onnx sets the whole tree to the wrapper's mode
+
+    def forward(self, x):
+        return self.model(x, mode='tensor')
+
+
 def export_onnx(module: nn.Module, x: torch.Tensor, path: str, opset: int = 17) -> None:
     """Export ``module`` (outputs: tensors, nested or not) on input ``x`` to ``path``.
 

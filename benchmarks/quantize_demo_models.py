@@ -1,0 +1,228 @@
+"""INT8 (onnxruntime, QDQ) of the trained demo models: SQNR, metric and latency, per fold form.
+
+    OMP_NUM_THREADS=1 python benchmarks/quantize_demo_models.py \
+        [--out benchmarks/results/quantize_demo_models.json] [--only NAME [NAME ...]]
+
+Runs ``tools/quantize.py`` (one process per measurement, one thread) on the demo checkpoints
+``tools/demo.py`` trains (work_dirs/demo/...), each as trained (``unfolded``), folded
+(``folded``: mmrepa.reparameterize) and folded with the identity shortcuts kept out of the
+weights (``identity-apart``, the INT8-aware fold), plus a few settings the issue asks about
+(calibration method, reduce_range, per-tensor weights, float Softmax, a larger input). The
+RepVGG baseline is the RepOpt-VGG demo config trained in RepVGG mode with plain SGD:
+
+    python tools/train.py configs/demo/repopt_vgg_shapes.py --work-dir work_dirs/demo/repvgg \
+        --cfg-options model.backbone.mode=repvgg model.backbone.scales=None \
+        optim_wrapper.constructor=DefaultOptimWrapperConstructor optim_wrapper.optimizer.type=SGD
+
+Last, onnxruntime's profiler splits the folded RePa-Swin backbone's float32 and INT8 run times by
+kind of op, which bounds the speed-up INT8 kernels can give (Amdahl). Missing checkpoints are
+skipped (and listed). Prints a table; writes every result as JSON.
+"""
+import argparse
+import collections
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+import tempfile
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = osp.join(ROOT, 'work_dirs', 'demo')
+MODELS = {  # name: (what, backbone, config, checkpoint, extra tool arguments)
+    'retinanet': ('RetinaNet', 'RePa-Swin', 'retinanet/retinanet_repa_swin_shapes.py',
+                  'retinanet/epoch_20.pth', []),
+    'classifier': ('classifier', 'RePa-CAFormer',
+                   'classification/classifier_repa_caformer_shapes.py',
+                   'classification/epoch_10.pth', []),
+    'mask-rcnn': ('Mask R-CNN', 'PRepBN-Swin', 'mask-rcnn/mask-rcnn_prepbn_swin_shapes.py',
+                  'mask-rcnn/epoch_8.pth', []),
+    'repopt': ('classifier', 'RepOpt-VGG', 'repopt/repopt_vgg_shapes.py', 'repopt/epoch_6.pth',
+               []),  # the config next to the checkpoint names its scales.pth
+    'repvgg': ('classifier', 'RepVGG', 'repvgg/repopt_vgg_shapes.py', 'repvgg/epoch_6.pth',
+               []),
+}
+LARGE = ['test_dataloader.dataset.pipeline.1.scale=(512,512)']  # the detector's test Resize
+# (model, part, form, settings label, extra arguments)
+RUNS = [
+    ('retinanet', 'full', 'identity-apart', 'default', ['--report']),
+    ('retinanet', 'full', 'folded', 'default', []),
+    ('retinanet', 'full', 'unfolded', 'default', []),
+    ('retinanet', 'full', 'folded', 'percentile', ['--method', 'percentile']),
+    ('retinanet', 'full', 'folded', 'reduce_range off', ['--reduce-range', 'off']),
+    ('retinanet', 'full', 'folded', 'float Softmax', ['--exclude-ops', 'Softmax']),
+    ('retinanet', 'full', 'folded', 'S8S8', ['--activation-type', 'int8']),
+    ('retinanet', 'backbone', 'identity-apart', 'default', ['--report']),
+    ('retinanet', 'backbone', 'folded', 'default', []),
+    ('retinanet', 'backbone', 'folded', 'MatMul/Gemm/Conv only',
+     ['--exclude-ops', 'Add', 'Mul', 'Softmax', 'Transpose', 'Reshape', 'Split', 'Squeeze',
+      'Unsqueeze', 'Gather', 'Slice', 'Concat']),
+    ('retinanet', 'backbone', 'folded', '512 x 512 input', ['--no-metric', '--cfg-options',
+                                                            *LARGE]),
+    ('classifier', 'backbone', 'identity-apart', 'default', ['--report']),
+    ('classifier', 'backbone', 'folded', 'default', []),
+    ('classifier', 'backbone', 'unfolded', 'default', []),
+    ('mask-rcnn', 'backbone', 'folded', 'default', ['--report']),
+    ('mask-rcnn', 'backbone', 'unfolded', 'default', []),
+    ('repopt', 'backbone', 'folded', 'default', ['--report']),
+    ('repopt', 'backbone', 'unfolded', 'default', []),
+    ('repopt', 'backbone', 'folded', 'per-tensor', ['--per-tensor']),
+    ('repvgg', 'backbone', 'identity-apart', 'default', ['--report']),
+    ('repvgg', 'backbone', 'folded', 'default', []),
+    ('repvgg', 'backbone', 'unfolded', 'default', []),
+    ('repvgg', 'backbone', 'folded', 'per-tensor', ['--per-tensor']),
+    ('repvgg', 'backbone', 'identity-apart', 'per-tensor', ['--per-tensor']),
+]
+KINDS = {
+    'MatMul / Gemm / Conv': {'Conv', 'MatMul', 'Gemm', 'FusedMatMul', 'FusedConv', 'QLinearConv',
+                             'QLinearMatMul', 'QGemm', 'MatMulIntegerToFloat', 'NchwcConv'},
+    'Quantize / Dequantize': {'QuantizeLinear', 'DequantizeLinear'},
+    'data movement': {'Transpose', 'Reshape', 'Split', 'Squeeze', 'Unsqueeze', 'Gather', 'Slice',
+                      'Concat', 'Expand', 'ReorderInput', 'ReorderOutput'},
+}
+
+
+def run(model, part, form, extra, tmp):
+    what, backbone, config, ckpt, model_args = MODELS[model]
+    out, dump = osp.join(tmp, 'model_int8.onnx'), osp.join(tmp, 'result.json')
+    # extra's --cfg-options (if any) comes last, after the model's own
+    args = [osp.join(DEMO, config), osp.join(DEMO, ckpt), '--form', form, '--repeat', '200',
+            '--out', out, '--force', '--dump', dump, *(['--full'] if part == 'full' else [])]
+    if '--cfg-options' in extra and '--cfg-options' in model_args:
+        raise ValueError('one --cfg-options per run')
+    args += model_args + extra
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
+    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'quantize.py'), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f'tools/quantize.py {" ".join(args)} failed:\n'
+                           + (proc.stdout + proc.stderr)[-3000:])
+    with open(dump) as f:
+        return json.load(f), out
+
+
+def summary(result) -> dict:
+    """The result without the per-layer lists (kept: the modules folding changed)."""
+    keep = {k: v for k, v in result.items() if k not in ('layers', 'fold_ranges')}
+    if 'fold_ranges' in result:
+        keep['fold_ranges'] = [r for r in result['fold_ranges'] if r['changed']]
+    return keep
+
+
+def profile(path, runs=100):
+    """Mean ms per run by kind of op (onnxruntime's profiler, one thread)."""
+    import numpy as np
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        options.profile_file_prefix = osp.join(tmp, 'profile')
+        session = ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+        x = np.random.default_rng(0).standard_normal(
+            session.get_inputs()[0].shape).astype(np.float32)
+        for _ in range(runs):
+            session.run(None, {'input': x})
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    by_op, total = collections.Counter(), 0.0
+    for e in events:
+        if e.get('cat') == 'Node' and e['name'].endswith('_kernel_time'):
+            by_op[e['args']['op_name']] += e['dur'] / 1e3 / runs
+        elif e.get('cat') == 'Session' and e['name'] == 'model_run':
+            total += e['dur'] / 1e3 / runs
+    kinds = collections.Counter()
+    for op, ms in by_op.items():
+        kinds[next((k for k, ops in KINDS.items() if op in ops), 'other float / QLinear ops')] += ms
+    return dict(total_ms=total, by_kind_ms=dict(kinds),
+                by_op_ms=dict(sorted(by_op.items(), key=lambda kv: -kv[1])))
+
+
+def profile_repa_swin(int8_path, tmp):
+    """Float32 and INT8 profiles of the folded RePa-Swin backbone at the demo's input."""
+    import torch
+
+    import mmrepa
+    from mmrepa.apis import init_model
+    from mmrepa.utils.onnx import export_onnx
+    from mmrepa.utils.quantize import input_shape, runtime_op_counts
+    _, _, config, ckpt, _ = MODELS['retinanet']
+    model = mmrepa.reparameterize(init_model(osp.join(DEMO, config), osp.join(DEMO, ckpt)))
+    float_path = osp.join(tmp, 'float32.onnx')
+    with torch.no_grad():
+        export_onnx(model.backbone, torch.zeros(input_shape(int8_path)), float_path)
+    result = {}
+    for name, path in (('float32', float_path), ('int8', int8_path)):
+        result[name] = dict(profile(path), runtime_ops=runtime_op_counts(path))
+    f32, int8 = result['float32']['by_kind_ms'], result['int8']['by_kind_ms']
+    share = f32.get('MatMul / Gemm / Conv', 0) / sum(f32.values())
+    result['float32_matmul_share'] = share
+    # how much faster the INT8 MatMul / Gemm / Conv kernels (QLinearMatMul, QGemm, ...) ran
+    result['int8_matmul_kernel_speedup'] = (f32.get('MatMul / Gemm / Conv', 0)
+                                            / int8.get('MatMul / Gemm / Conv', float('nan')))
+    result['speedup_bound_if_matmuls_were_free'] = 1 / (1 - share)
+    result['speedup_bound_if_matmuls_were_2x'] = 1 / (1 - share / 2)
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('--out', default=osp.join(ROOT, 'benchmarks', 'results',
+                                                  'quantize_demo_models.json'))
+    parser.add_argument('--only', nargs='+', choices=sorted(MODELS), help='these models only')
+    args = parser.parse_args(argv)
+    import onnxruntime
+
+    from mmrepa.utils.latency import cpu_name
+    from mmrepa.utils.quantize import needs_reduce_range
+    results = dict(cpu=cpu_name(), onnxruntime=onnxruntime.__version__,
+                   omp_num_threads=os.environ.get('OMP_NUM_THREADS', '1'),
+                   reduce_range_auto=needs_reduce_range(), runs=[], skipped=[])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix='mmrepa.qbench.') as tmp:
+        for model, part, form, label, extra in RUNS:
+            if args.only and model not in args.only:
+                continue
+            what, backbone, config, ckpt, _ = MODELS[model]
+            if not (osp.exists(osp.join(DEMO, config)) and osp.exists(osp.join(DEMO, ckpt))):
+                results['skipped'].append(f'{model}: no {osp.join(DEMO, ckpt)}')
+                continue
+            print(f'{backbone} {what} {part} {form} ({label}) ...', flush=True)
+            result, int8_path = run(model, part, form, extra, tmp)
+            results['runs'].append(dict(summary(result), model=model, backbone=backbone,
+                                        what=what, settings=label))
+            rows.append(results['runs'][-1])
+            if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
+                results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
+    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+    with open(args.out + '.tmp', 'w') as f:
+        json.dump(results, f, indent=2)
+    os.replace(args.out + '.tmp', args.out)
+    print('\n| backbone | model | part | form | settings | SQNR dB | metric f32 -> INT8 | '
+          'f32 / INT8 ms | speed-up |\n|---|---|---|---|---|---|---|---|---|')
+    for r in rows:
+        metric = ''
+        if 'metric' in r:
+            key = r['metric_key']
+            metric = (f"{r['metric']['float32'][key]:.4g} -> {r['metric']['int8'][key]:.4g}")
+        lat = r.get('latency_ms', {})
+        ms = (f"{lat['float32']['median']:.2f} / {lat['int8']['median']:.2f}" if lat else '')
+        print(f"| {r['backbone']} | {r['what']} | {r['part']} | {r['form']} | {r['settings']} | "
+              f"{r['sqnr_db']:.1f} | {metric} | {ms} | {r.get('speedup', float('nan')):.2f} |")
+    if 'profile_repa_swin_backbone' in results:
+        p = results['profile_repa_swin_backbone']
+        for name in ('float32', 'int8'):
+            kinds = ', '.join(f'{k} {v:.2f}' for k, v in p[name]['by_kind_ms'].items())
+            print(f"profile {name}: {p[name]['total_ms']:.2f} ms per run ({kinds})")
+        print(f"float32 MatMul/Gemm/Conv share {p['float32_matmul_share']:.0%}: INT8 speed-up "
+              f"bound {p['speedup_bound_if_matmuls_were_2x']:.2f}x at 2x faster kernels, "
+              f"{p['speedup_bound_if_matmuls_were_free']:.2f}x if they were free; the INT8 "
+              f"kernels ran {p['int8_matmul_kernel_speedup']:.2f}x faster")
+        print('INT8 ops onnxruntime runs:', p['int8']['runtime_ops'])
+    for s in results['skipped']:
+        print('skipped:', s)
+    print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,337 @@
+"""Post-training static INT8 quantization (onnxruntime, QDQ) of a folded backbone or detector.
+
+    python tools/quantize.py CONFIG CHECKPOINT [--full] [--form FORM] [--shape H W]
+        [--calib-images N] [--calib-split train|test] [--method minmax|entropy|percentile]
+        [--activation-type uint8|int8] [--per-tensor] [--reduce-range auto|on|off]
+        [--symmetric-activations] [--exclude-ops OP [OP ...]] [--no-metric] [--report]
+        [--repeat R] [--out model_int8.onnx] [--force] [--dump result.json]
+
+The model is folded, its backbone (``--full``: a single-stage detector's tensor forward, as
+``tools/export_onnx.py --full`` exports it) exported to ONNX for the input shape the config's
+test pipeline gives, and quantized with onnxruntime's ``quantize_static``: QDQ format, INT8
+weights with one scale per output channel, activations calibrated (--method) on
+--calib-images images of the config's train split read through its test pipeline and the
+model's data preprocessor. ``--form``: ``identity-apart`` (default) folds as
+``mmrepa.reparameterize`` but keeps identity shortcuts out of the weights (RepVGG layers,
+channel-idle FFNs), which INT8 needs; ``folded`` is the plain fold; ``unfolded`` the model as
+trained. Reported:
+
+- SQNR (dB) of the INT8 outputs against the float32 graph's, on test images;
+- the metric (mAP, top-1, ...) on the test set with the float32 and with the INT8 graph in
+  onnxruntime (the rest of the model, necks, heads and post-processing, in PyTorch);
+- float32 and INT8 latency in onnxruntime, timed interleaved (as many threads as torch);
+- with ``--report``: every form's SQNR, and per module its weight ranges (ONNX initializers)
+  and activation ranges (calibration) unfolded, folded and identity-apart, so the fold that
+  widened a range shows.
+
+Calibration data that does not match the exported input (``--shape`` other than the pipeline's,
+or a pipeline giving several sizes) is refused before anything is written; the INT8 file and
+``--dump`` are written atomically, never half.
+"""
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import os.path as osp
+import sys
+import tempfile
+
+import torch
+from mmengine.config import DictAction
+
+import mmrepa
+from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.checkpoint.saving import check_output_path
+from mmrepa.errors import ConfigError
+from mmrepa.fold.protocol import is_foldable
+from mmrepa.tool_inputs import check_inputs
+from mmrepa.utils.latency import time_interleaved
+from mmrepa.utils.onnx import (TensorForward, export_onnx, flatten_outputs, onnx_max_abs_error,
+                               onnxruntime_session)
+from mmrepa.utils.quantize import (CALIBRATION_METHODS, CalibrationMismatch,
+                                   check_inputs_shape, fold_identity_apart, fold_range_report,
+                                   needs_reduce_range, pipeline_inputs, qdq_summary,
+                                   quantize_qdq, sqnr_db, weighted_layers)
+
+TOOL = 'tools/quantize.py'
+FORMS = ('unfolded', 'folded', 'identity-apart')
+
+
+def run_session(session, x: torch.Tensor, what: str):
+    """The session's outputs on ``x``, refusing an input of another shape than the graph's."""
+    expected = tuple(session.get_inputs()[0].shape)
+    if tuple(x.shape) != expected:
+        raise CalibrationMismatch(
+            f'{what} has shape {tuple(x.shape)} after the test pipeline but the graph was '
+            f'exported for {expected}: the test pipeline must give one shape')
+    return [torch.from_numpy(o) for o in session.run(None, {'input': x.float().numpy()})]
+
+
+class SessionBackbone(torch.nn.Module):
+    """An onnxruntime session in a backbone's place: its feature maps as a tuple."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+
+    def forward(self, x):
+        return tuple(run_session(self.session, x, 'a test image'))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('config')
+    parser.add_argument('checkpoint')
+    parser.add_argument('--full', action='store_true',
+                        help="quantize a single-stage detector's tensor forward, not the backbone")
+    parser.add_argument('--form', choices=FORMS, default='identity-apart',
+                        help='identity-apart: folded with identity shortcuts kept out of the '
+                        'weights; folded: mmrepa.reparameterize; unfolded: as trained')
+    parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'),
+                        help="input shape to export for (default: the test pipeline's)")
+    parser.add_argument('--calib-images', type=int, default=64, metavar='N')
+    parser.add_argument('--calib-split', choices=('train', 'test'), default='train',
+                        help='images to calibrate on, read through the test pipeline')
+    parser.add_argument('--method', choices=CALIBRATION_METHODS, default='minmax',
+                        help='calibration method (activation ranges)')
+    parser.add_argument('--activation-type', choices=('uint8', 'int8'), default='uint8')
+    parser.add_argument('--per-tensor', action='store_true',
+                        help='one weight scale per tensor (default: per output channel)')
+    parser.add_argument('--reduce-range', choices=('auto', 'on', 'off'), default='auto',
+                        help="7-bit weights; auto: on x86 CPUs without VNNI, where "
+                        "onnxruntime's U8S8 kernels saturate with 8-bit weights")
+    parser.add_argument('--symmetric-activations', action='store_true')
+    parser.add_argument('--exclude-ops', nargs='+', default=[], metavar='OP',
+                        help='ONNX op types left in float (e.g. Softmax Add)')
+    parser.add_argument('--sqnr-images', type=int, default=16, metavar='N',
+                        help='test images the SQNR is measured on')
+    parser.add_argument('--no-metric', action='store_true', help='skip the test-set metric')
+    parser.add_argument('--repeat', type=int, default=100, help='timed rounds (0: no timing)')
+    parser.add_argument('--warmup', type=int, default=10)
+    parser.add_argument('--report', action='store_true',
+                        help='every form\'s SQNR; weight and activation ranges per module')
+    parser.add_argument('--out', help='INT8 ONNX file (default: <config>_<part>_<form>_int8.onnx)')
+    parser.add_argument('--force', action='store_true', help='replace --out if it exists')
+    parser.add_argument('--dump', metavar='FILE.json', help='write all results as JSON')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args(argv)
+
+
+def is_single_stage_detector(model) -> bool:
+    return hasattr(model, 'bbox_head') and not hasattr(model, 'roi_head')
+
+
+def build_form(model, form: str):
+    model = copy.deepcopy(model)
+    if form == 'folded':
+        return mmrepa.reparameterize(model)
+    return fold_identity_apart(model) if form == 'identity-apart' else model
+
+
+def export(model, full: bool, x: torch.Tensor, path: str, what: str) -> float:
+    """Export the backbone (``full``: the tensor forward) to ``path`` and check it against
+    PyTorch on ``x``; returns the largest absolute difference."""
+    # eval(): a wrapper in training mode would put the model in training mode for the export
+    # (export_onnx gives the wrapper's mode to the model), and BatchNorm would update
+    module = TensorForward(model).eval() if full else model.backbone
+    try:
+        with torch.no_grad():  # unfolded layers use autograd functions the tracer cannot take
+            export_onnx(module, x, path)
+    except Exception as e:  # noqa: BLE001
+        if not full:
+            raise
+        reason = (str(e).strip().splitlines() or [''])[0]
+        sys.exit(f"{TOOL}: {type(model).__name__}'s tensor forward does not export with "
+                 f'torch.onnx ({type(e).__name__}: {reason[:200]}); quantize the backbone '
+                 '(drop --full)')
+    with torch.no_grad():
+        scale = max(float(t.abs().max()) for t in flatten_outputs(module(x)))
+    err = onnx_max_abs_error(module, x, onnxruntime_session(path))
+    if not err <= 1e-3 * max(1.0, scale):
+        raise RuntimeError(f'the float32 ONNX graph of the {what} model differs from PyTorch by '
+                           f'{err:.3g} (outputs up to {scale:.3g}): the export is wrong, '
+                           'quantizing it would measure nothing')
+    return err
+
+
+def all_outputs(session, inputs):
+    return [o for array, _ in inputs for o in session.run(None, {'input': array})]
+
+
+def evaluate(model, cfg, session, full: bool) -> dict:
+    """The config's test metric with ``session`` computing the backbone (``full``: the
+    detector's tensor forward), the rest of the model in PyTorch; batch 1."""
+    from mmengine.evaluator import Evaluator
+    from mmengine.runner import Runner
+    loader_cfg = copy.deepcopy(cfg.test_dataloader)
+    loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
+    loader = Runner.build_dataloader(loader_cfg)
+    evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
+    evaluator.dataset_meta = loader.dataset.metainfo
+    model = copy.copy(model)  # shallow: its own backbone slot, the same weights
+    if not full:
+        model._modules = dict(model._modules, backbone=SessionBackbone(session))
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # pycocotools' prints
+        for batch in loader:
+            data = model.data_preprocessor(batch, False)
+            if full:  # RetinaNet-style heads: (cls_scores, bbox_preds), one map per level
+                outs = run_session(session, data['inputs'], 'a test image')
+                n = len(outs) // 2
+                results = model.bbox_head.predict_by_feat(
+                    outs[:n], outs[n:], batch_img_metas=[s.metainfo for s in
+                                                         data['data_samples']], rescale=True)
+                samples = model.add_pred_to_datasample(data['data_samples'], results)
+            else:
+                samples = model(**data, mode='predict')
+            evaluator.process(data_samples=samples, data_batch=batch)
+        metrics = evaluator.evaluate(len(loader.dataset))
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def main_metric(metrics: dict) -> str:
+    for key in ('coco/bbox_mAP', 'accuracy/top1', 'mIoU'):
+        if key in metrics:
+            return key
+    return next(iter(metrics))
+
+
+def write_json(obj, path: str) -> None:
+    """``obj`` as JSON at ``path`` through a temporary file renamed in one step."""
+    out_dir = osp.dirname(osp.abspath(path))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.json.tmp')
+    try:
+        with os.fdopen(fd, 'w') as f:
+            json.dump(obj, f, indent=2)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+
+
+def print_report(report, forms, limit: int = 12) -> None:
+    short = {'unfolded': 'unfold', 'folded': 'folded', 'identity-apart': 'id-apart'}
+    cols = ' '.join(f'{short[f]:>8s}' for f in forms)
+    print(f'  {"module (* changed by folding)":40s} max|w|: {cols}   max|act|: {cols}')
+    for r in report[:limit]:
+        w = ' '.join(f"{r[f]['weight_absmax']:8.3g}" for f in forms)
+        a = ' '.join(f"{r[f]['act_absmax']:8.3g}" for f in forms)
+        print(f"  {('* ' if r['changed'] else '  ') + r['module']:40.40s}         {w}"
+              f"             {a}")
+    if len(report) > limit:
+        print(f'  ... {len(report) - limit} more (all in --dump)')
+
+
+@one_line_errors(TOOL)
+def main(argv=None) -> dict:
+    """Returns the results (as --dump writes them)."""
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.cfg_options)
+    check_inputs(cfg, TOOL, splits=('test', ) if args.calib_split == 'test' else
+                 ('train', 'test'),
+                 checkpoints=[('checkpoint to quantize', 'CHECKPOINT argument', args.checkpoint)])
+    part = 'full' if args.full else 'backbone'
+    name = osp.splitext(osp.basename(args.config))[0]
+    out = args.out or f'{name}_{part}_{args.form}_int8.onnx'
+    check_output_path(out, args.checkpoint, args.force)
+    if args.dump:
+        check_output_path(args.dump, args.checkpoint, force=True)
+
+    model = init_model(cfg, args.checkpoint)
+    if args.full and not is_single_stage_detector(model):
+        raise ConfigError(f'--full quantizes a single-stage detector\'s tensor forward '
+                          f'(RetinaNet-style bbox_head); {type(model).__name__} is not one: '
+                          'drop --full to quantize its backbone')
+    scope = model if args.full else model.backbone
+    folded_modules = [n for n, m in scope.named_modules() if n and is_foldable(m)]
+    forms = FORMS if args.report else (args.form, )
+
+    calib = pipeline_inputs(cfg, model.data_preprocessor, args.calib_images, args.calib_split)
+    tests = pipeline_inputs(cfg, model.data_preprocessor, args.sqnr_images, 'test', seed=1)
+    shape = (1, 3, *args.shape) if args.shape else tuple(calib[0][0].shape)
+    check_inputs_shape(calib, shape)  # before anything is exported or written
+    check_inputs_shape(tests, shape)
+    options = dict(per_channel=not args.per_tensor, activation_type=args.activation_type,
+                   reduce_range=(needs_reduce_range() if args.reduce_range == 'auto'
+                                 else args.reduce_range == 'on'),
+                   method=args.method, symmetric_activations=args.symmetric_activations,
+                   exclude_op_types=list(args.exclude_ops))
+    threads = torch.get_num_threads()
+    result = dict(config=args.config, checkpoint=args.checkpoint, part=part, form=args.form,
+                  input_shape=list(shape), out=out, calibration_images=len(calib),
+                  calibration_split=args.calib_split, sqnr_images=len(tests), threads=threads,
+                  options=options)
+    x = torch.from_numpy(calib[0][0])
+    with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
+        paths, layers, targets = {}, {}, {}
+        for form in (args.form, ) + tuple(f for f in forms if f != args.form):
+            targets[form] = build_form(model, form)
+            float_path = osp.join(tmp, f'{form}.onnx')
+            int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8.onnx')
+            export_error = export(targets[form], args.full, x, float_path, form)
+            ranges = quantize_qdq(float_path, int8_path, calib, **options)
+            paths[form] = (float_path, int8_path)
+            result.setdefault('export_max_abs_error', {})[form] = export_error
+            if args.report:
+                layers[form] = weighted_layers(float_path, ranges)
+            if form == args.form:
+                print(f'wrote the INT8 {form} {part} ({args.method} calibration on '
+                      f'{len(calib)} {args.calib_split} images, input {shape}) to {out}',
+                      flush=True)
+        result['qdq'] = qdq_summary(out)
+        sessions = {k: onnxruntime_session(p, threads)
+                    for k, p in zip(('float32', 'int8'), paths[args.form])}
+        ref, q = (all_outputs(sessions[k], tests) for k in ('float32', 'int8'))
+        result['sqnr_db'] = sqnr_db(ref, q)
+        n_out = len(ref) // len(tests)
+        result['sqnr_db_per_output'] = [sqnr_db(ref[i::n_out], q[i::n_out])
+                                        for i in range(n_out)]
+        print(f'SQNR of INT8 against float32 on {len(tests)} test images: '
+              f"{result['sqnr_db']:.1f} dB (per output: "
+              f"{', '.join(f'{s:.1f}' for s in result['sqnr_db_per_output'])})", flush=True)
+
+        if not args.no_metric:
+            result['metric'] = {k: evaluate(targets[args.form], cfg, s, args.full)
+                                for k, s in sessions.items()}
+            key = main_metric(result['metric']['float32'])
+            f32, i8 = result['metric']['float32'][key], result['metric']['int8'][key]
+            result.update(metric_key=key, metric_drop=f32 - i8)
+            print(f'{key}: float32 {f32:.4g}, INT8 {i8:.4g} (drop {f32 - i8:.4g})', flush=True)
+
+        if args.repeat > 0:
+            array = tests[0][0]
+            stats = time_interleaved(
+                {k: (lambda s=s: s.run(None, {'input': array})) for k, s in sessions.items()},
+                repeat=args.repeat, warmup=args.warmup)
+            result['latency_ms'] = {k: dict(median=v.median, min=v.min, max=v.max)
+                                    for k, v in stats.items()}
+            result['speedup'] = stats['float32'].median / stats['int8'].median
+            print(f'onnxruntime latency ({threads} thread(s), median of {args.repeat}): '
+                  f"float32 {stats['float32'].median:.2f} ms, INT8 "
+                  f"{stats['int8'].median:.2f} ms, speed-up {result['speedup']:.2f}x",
+                  flush=True)
+
+        if args.report:
+            result['forms'] = {}
+            for form, (float_path, int8_path) in paths.items():
+                f_out = all_outputs(onnxruntime_session(float_path, threads), tests)
+                q_out = all_outputs(onnxruntime_session(int8_path, threads), tests)
+                result['forms'][form] = dict(sqnr_db=sqnr_db(f_out, q_out))
+            result['layers'] = layers
+            result['fold_ranges'] = fold_range_report(layers, folded_modules)
+            print('SQNR by form: ' + ', '.join(f"{f} {result['forms'][f]['sqnr_db']:.1f} dB"
+                                               for f in FORMS))
+            print('ranges per module, unfolded / folded / identity-apart (widest fold first):')
+            print_report(result['fold_ranges'], FORMS)
+    if args.dump:
+        write_json(result, args.dump)
+    return result
+
+
+if __name__ == '__main__':
+    main()
