@@ -47,6 +47,18 @@ def max_abs_diff(a, b) -> float:
     return (a - b).abs().max().item()
 
 
+# The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
+# file handed out last keeps one worker busy while the other has nothing left to do.
+LONGEST_FIRST = ('test_configs.py', 'test_tools.py', 'test_distributed.py', 'test_mmdeploy.py',
+                 'test_runner.py', 'test_downstream_tools.py', 'test_depth_rep_vit.py',
+                 'test_pretrain_handoff.py', 'test_quantize.py', 'test_inference.py')
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
