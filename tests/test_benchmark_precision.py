@@ -68,7 +68,7 @@ def test_an_unsupported_amp_is_refused_with_the_reason(benchmark, monkeypatch):
 def test_compile_time_is_reported_apart_and_outputs_are_unchanged(benchmark):
     torch.manual_seed(0)
     module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
-    timed = benchmark.compiled(module, 'eager')
+    timed = benchmark.Compiled(module, 'eager')
     x = torch.randn(1, 3, 8, 8)
     assert timed.compile_seconds is None
     assert torch.equal(timed(x), module(x))

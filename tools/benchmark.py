@@ -99,24 +99,21 @@ def autocast_context(device: torch.device, amp: Optional[str]):
     return functools.partial(torch.autocast, device.type, dtype=dtype)
 
 
-def compiled(module: torch.nn.Module, backend: str) -> torch.nn.Module:
-    """``torch.compile(module)``, its first call timed: ``module.compile_seconds``."""
-    fn = torch.compile(module, backend=backend)
+class Compiled(torch.nn.Module):
+    """``torch.compile(module, backend=backend)``; its first call, which compiles, is timed
+    into ``compile_seconds``."""
 
-    class Timed(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner, self.compile_seconds = fn, None
+    def __init__(self, module: torch.nn.Module, backend: str):
+        super().__init__()
+        self.inner, self.compile_seconds = torch.compile(module, backend=backend), None
 
-        def forward(self, *args, **kwargs):
-            if self.compile_seconds is None:
-                start = time.perf_counter()
-                out = self.inner(*args, **kwargs)
-                self.compile_seconds = time.perf_counter() - start
-                return out
+    def forward(self, *args, **kwargs):
+        if self.compile_seconds is not None:
             return self.inner(*args, **kwargs)
-
-    return Timed()
+        start = time.perf_counter()
+        out = self.inner(*args, **kwargs)
+        self.compile_seconds = time.perf_counter() - start
+        return out
 
 
 def _float32(out):
@@ -156,7 +153,7 @@ def prepare(model, folded, args):
     if not args.compile:
         return {}
     for m in (model, folded):
-        m.backbone = compiled(m.backbone, args.compile_backend)
+        m.backbone = Compiled(m.backbone, args.compile_backend)
     return dict(before=model.backbone, after=folded.backbone)
 
 

@@ -278,11 +278,10 @@ class DepthRepViT(DenseBackbone):
                 'DepthRepViT(diversity_loss_weight > 0) computed a diversity loss that nothing '
                 'collected: use model=dict(type=\'DiversityImageClassifier\', ...) (mmpretrain) '
                 'or set diversity_loss_weight=0')
-        terms = [m.branch_diversity for m in self.modules()
-                 if getattr(m, 'track_branch_diversity', False)
-                 and m.branch_diversity is not None]
+        terms = []
         for m in self.modules():
-            if getattr(m, 'track_branch_diversity', False):
+            if getattr(m, 'branch_diversity', None) is not None:
+                terms.append(m.branch_diversity)
                 m.branch_diversity = None
         if terms:
             self._pending_diversity = self.diversity_loss_weight * torch.stack(terms).mean()
