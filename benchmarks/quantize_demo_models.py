@@ -3,16 +3,11 @@
     OMP_NUM_THREADS=1 python benchmarks/quantize_demo_models.py \
         [--out benchmarks/results/quantize_demo_models.json] [--only NAME [NAME ...]]
 
-Runs ``tools/quantize.py`` (one process per measurement, one thread) on the demo checkpoints
-``tools/demo.py`` trains (work_dirs/demo/...), each as trained (``unfolded``), folded
-(``folded``: mmrepa.reparameterize) and folded with the identity shortcuts kept out of the
-weights (``identity-apart``, the INT8-aware fold), plus a few settings the issue asks about
-(calibration method, reduce_range, per-tensor weights, float Softmax, a larger input). The
-RepVGG baseline is the RepOpt-VGG demo config trained in RepVGG mode with plain SGD:
-
-    python tools/train.py configs/demo/repopt_vgg_shapes.py --work-dir work_dirs/demo/repvgg \
-        --cfg-options model.backbone.mode=repvgg model.backbone.scales=None \
-        optim_wrapper.constructor=DefaultOptimWrapperConstructor optim_wrapper.optimizer.type=SGD
+Runs ``tools/quantize.py`` (one process per measurement, one thread) on the trained demo
+models (benchmarks/demo_models.py), each as trained (``unfolded``), folded (``folded``:
+mmrepa.reparameterize) and folded with the identity shortcuts kept out of the weights
+(``identity-apart``, the INT8-aware fold), plus a few settings the issue asks about (calibration
+method, reduce_range, per-tensor weights, float Softmax, a larger input).
 
 Last, onnxruntime's profiler splits the folded RePa-Swin backbone's float32 and INT8 run times by
 kind of op, which bounds the speed-up INT8 kernels can give (Amdahl). Missing checkpoints are
@@ -23,25 +18,12 @@ import collections
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 import tempfile
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'work_dirs', 'demo')
-MODELS = {  # name: (what, backbone, config, checkpoint, extra tool arguments)
-    'retinanet': ('RetinaNet', 'RePa-Swin', 'retinanet/retinanet_repa_swin_shapes.py',
-                  'retinanet/epoch_20.pth', []),
-    'classifier': ('classifier', 'RePa-CAFormer',
-                   'classification/classifier_repa_caformer_shapes.py',
-                   'classification/epoch_10.pth', []),
-    'mask-rcnn': ('Mask R-CNN', 'PRepBN-Swin', 'mask-rcnn/mask-rcnn_prepbn_swin_shapes.py',
-                  'mask-rcnn/epoch_8.pth', []),
-    'repopt': ('classifier', 'RepOpt-VGG', 'repopt/repopt_vgg_shapes.py', 'repopt/epoch_6.pth',
-               []),  # the config next to the checkpoint names its scales.pth
-    'repvgg': ('classifier', 'RepVGG', 'repvgg/repopt_vgg_shapes.py', 'repvgg/epoch_6.pth',
-               []),
-}
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from demo_models import MODELS, ROOT, run_tool  # noqa: E402
+
 LARGE = ['test_dataloader.dataset.pipeline.1.scale=(512,512)']  # the detector's test Resize
 # (model, part, form, settings label, extra arguments)
 RUNS = [
@@ -83,22 +65,11 @@ KINDS = {
 
 
 def run(model, part, form, extra, tmp):
-    what, backbone, config, ckpt, model_args = MODELS[model]
+    config, ckpt = MODELS[model].paths()
     out, dump = osp.join(tmp, 'model_int8.onnx'), osp.join(tmp, 'result.json')
-    # extra's --cfg-options (if any) comes last, after the model's own
-    args = [osp.join(DEMO, config), osp.join(DEMO, ckpt), '--form', form, '--repeat', '200',
-            '--out', out, '--force', '--dump', dump, *(['--full'] if part == 'full' else [])]
-    if '--cfg-options' in extra and '--cfg-options' in model_args:
-        raise ValueError('one --cfg-options per run')
-    args += model_args + extra
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
-    proc = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'quantize.py'), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f'tools/quantize.py {" ".join(args)} failed:\n'
-                           + (proc.stdout + proc.stderr)[-3000:])
-    with open(dump) as f:
-        return json.load(f), out
+    args = [config, ckpt, '--form', form, '--repeat', '200', '--out', out, '--force',
+            '--dump', dump, *(['--full'] if part == 'full' else []), *extra]
+    return run_tool('quantize.py', args, dump), out
 
 
 def summary(result) -> dict:
@@ -146,8 +117,7 @@ def profile_repa_swin(int8_path, tmp):
     from mmrepa.apis import init_model
     from mmrepa.utils.onnx import export_onnx
     from mmrepa.utils.quantize import input_shape, runtime_op_counts
-    _, _, config, ckpt, _ = MODELS['retinanet']
-    model = mmrepa.reparameterize(init_model(osp.join(DEMO, config), osp.join(DEMO, ckpt)))
+    model = mmrepa.reparameterize(init_model(*MODELS['retinanet'].paths()))
     float_path = osp.join(tmp, 'float32.onnx')
     with torch.no_grad():
         export_onnx(model.backbone, torch.zeros(input_shape(int8_path)), float_path)
@@ -183,9 +153,9 @@ def main(argv=None):
         for model, part, form, label, extra in RUNS:
             if args.only and model not in args.only:
                 continue
-            what, backbone, config, ckpt, _ = MODELS[model]
-            if not (osp.exists(osp.join(DEMO, config)) and osp.exists(osp.join(DEMO, ckpt))):
-                results['skipped'].append(f'{model}: no {osp.join(DEMO, ckpt)}')
+            what, backbone = MODELS[model].what, MODELS[model].backbone
+            if MODELS[model].missing():
+                results['skipped'].append(f"{model}: no {', '.join(MODELS[model].missing())}")
                 continue
             print(f'{backbone} {what} {part} {form} ({label}) ...', flush=True)
             result, int8_path = run(model, part, form, extra, tmp)
