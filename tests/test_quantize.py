@@ -11,6 +11,7 @@ import torch
 from mmrepa import reparameterize
 from mmrepa.backbones import RePaSwin, RepOptVGG
 from mmrepa.datasets import make_shapes_coco
+from mmrepa.layers import ChannelIdleFFN
 from mmrepa.utils.onnx import export_onnx
 
 from .conftest import TINY_ARCH, randomize_, run_script_here, shapes_cfg_options
@@ -169,3 +170,28 @@ def test_identity_apart_fold_is_exact_and_keeps_identities_out_of_weights(build)
             assert torch.allclose(diff, torch.eye(diff.shape[0]), atol=1e-5), name
             checked += 1
     assert checked >= 2
+
+
+@pytest.mark.parametrize('fold', ['folded', 'identity-apart'])
+def test_every_matrix_of_a_folded_ffn_runs_in_int8(fold, tmp_path):
+    """The folded FFN's two paths meet in ONNX as MatMul + Add: a Gemm whose C input is a
+    tensor (torch.addmm, what eager runs) has no INT8 kernel and onnxruntime ran out_proj in
+    float32 between a Dequantize and a Quantize."""
+    ffn = randomize_(ChannelIdleFFN(16, idle_ratio=0.75)).eval()
+    folded = (reparameterize if fold == 'folded' else quantize.fold_identity_apart)(ffn)
+    assert folded.has_idle_channels and folded.out_proj is not None
+    x = torch.randn(1, 50, 16)  # 50 tokens, not a multiple of anything
+    float_path, int8_path = str(tmp_path / 'f.onnx'), str(tmp_path / 'q.onnx')
+    with torch.no_grad():
+        export_onnx(folded, x, float_path)
+    graph = onnx.load(float_path).graph
+    weights = {i.name for i in graph.initializer}
+    gemm_c = [n.input[2] for n in graph.node if n.op_type == 'Gemm' and len(n.input) > 2]
+    assert set(gemm_c) <= weights, gemm_c
+    assert 'MatMul' in {n.op_type for n in graph.node}
+    calib = [(np.random.default_rng(i).standard_normal((1, 50, 16)).astype(np.float32),
+              f'x{i}') for i in range(4)]
+    quantize.quantize_qdq(float_path, int8_path, calib)
+    ops = quantize.runtime_op_counts(int8_path)
+    assert not {'Gemm', 'MatMul', 'FusedMatMul'} & set(ops), ops  # none left in float32
+    assert ops.get('QGemm', 0) + ops.get('QLinearMatMul', 0) == 2, ops  # in_proj, out_proj

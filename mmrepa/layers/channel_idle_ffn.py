@@ -257,8 +257,13 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         if a == 0:
             out = h
         elif self.has_idle_channels:
-            # linear path + act(active) @ W_out in one BLAS call
-            out = torch.addmm(h[:, a:], self.act(h[:, :a]), self.out_proj.weight.t())
+            active = self.act(h[:, :a])
+            if torch.onnx.is_in_onnx_export():
+                # MatMul + Add: INT8 runtimes have no kernel for a Gemm whose C is a tensor
+                # and would run out_proj in float32
+                out = active @ self.out_proj.weight.t() + h[:, a:]
+            else:  # linear path + act(active) @ W_out in one BLAS call
+                out = torch.addmm(h[:, a:], active, self.out_proj.weight.t())
         else:
             out = self.out_proj(self.act(h))
         if not self.shortcut_folded:
