@@ -17,6 +17,7 @@ import os
 import os.path as osp
 import subprocess
 import sys
+import time
 from typing import List, NamedTuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -68,3 +69,13 @@ def run_tool(tool: str, args: List[str], dump: str) -> dict:
                            + (proc.stdout + proc.stderr)[-3000:])
     with open(dump) as f:
         return json.load(f)
+
+
+def stamp() -> dict:
+    """When, and at which commit (marked if tracked files differ from it), a row was measured."""
+    def git(*args):
+        return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    modified = git('status', '--porcelain', '--untracked-files=no')
+    return dict(measured=time.strftime('%Y-%m-%d %H:%M'),
+                commit=git('rev-parse', '--short', 'HEAD') + (' (modified)' if modified else ''))

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from demo_models import MODELS, ROOT, run_tool  # noqa: E402
+from demo_models import MODELS, ROOT, run_tool, stamp  # noqa: E402
 
 LARGE = ['test_dataloader.dataset.pipeline.1.scale=(512,512)']  # the detector's test Resize
 # (model, part, form, settings label, extra arguments)
@@ -139,7 +139,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('--out', default=osp.join(ROOT, 'benchmarks', 'results',
                                                   'quantize_demo_models.json'))
-    parser.add_argument('--only', nargs='+', choices=sorted(MODELS), help='these models only')
+    parser.add_argument('--only', nargs='+', choices=sorted({m for m, *_ in RUNS}),
+                        help="measure these models again; the others' results in --out stay")
     args = parser.parse_args(argv)
     import onnxruntime
 
@@ -148,6 +149,12 @@ def main(argv=None):
     results = dict(cpu=cpu_name(), onnxruntime=onnxruntime.__version__,
                    omp_num_threads=os.environ.get('OMP_NUM_THREADS', '1'),
                    reduce_range_auto=needs_reduce_range(), runs=[], skipped=[])
+    if args.only and osp.exists(args.out):
+        with open(args.out) as f:
+            kept = json.load(f)
+        results['runs'] = [r for r in kept['runs'] if r['model'] not in args.only]
+        if 'retinanet' not in args.only and 'profile_repa_swin_backbone' in kept:
+            results['profile_repa_swin_backbone'] = kept['profile_repa_swin_backbone']
     rows = []
     with tempfile.TemporaryDirectory(prefix='mmrepa.qbench.') as tmp:
         for model, part, form, label, extra in RUNS:
@@ -160,7 +167,7 @@ def main(argv=None):
             print(f'{backbone} {what} {part} {form} ({label}) ...', flush=True)
             result, int8_path = run(model, part, form, extra, tmp)
             results['runs'].append(dict(summary(result), model=model, backbone=backbone,
-                                        what=what, settings=label))
+                                        what=what, settings=label, **stamp()))
             rows.append(results['runs'][-1])
             if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
                 results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
