@@ -1,40 +1,54 @@
-"""Deployment speed and accuracy per backbone family: the README's "Deployed" table.
+"""Deployment speed and accuracy per backbone family: the README's deployment table.
 
     OMP_NUM_THREADS=1 python benchmarks/deploy_table.py \
         [--out benchmarks/results/deploy_table.json] [--only NAME [NAME ...]] [--repeat R]
 
 ``--only`` measures those again and keeps the other rows of ``--out``.
 
-For each trained demo model (benchmarks/demo_models.py: one per backbone family) the backbone, at
-the input its config's test pipeline gives, is measured as trained (unfolded) and folded:
+For each trained demo model (benchmarks/demo_models.py: one per backbone family) the backbone
+is measured as trained (``unfolded``), folded (``folded``: mmrepa.reparameterize) and folded
+for INT8 (``identity-apart``: identity shortcuts kept out of the weights), on the first test
+image through the config's test pipeline:
 
-- eager float32 in PyTorch, unfolded and folded interleaved (``tools/benchmark.py``);
-- compiled float32: the same with ``--compile`` (inductor), compile time kept apart;
-- onnxruntime float32 and INT8 (QDQ, per-channel weights, calibrated on 64 training images),
-  interleaved per form (``tools/quantize.py --form unfolded|folded|identity-apart``; the last
-  is the INT8-aware fold that keeps identity shortcuts out of the weights), with the SQNR of
-  the INT8 outputs and the test metric with the backbone in float32 and in INT8.
+- INT8 with ``tools/quantize.py`` (onnxruntime, QDQ, per-channel weights, calibrated on 64
+  training images): SQNR of the INT8 outputs against float32 and the test metric with the
+  backbone in float32 and in INT8 (the rest of the model in PyTorch);
+- then, in one process and one interleaved timing (A B C ... A B C ..., so machine drift hits
+  every variant alike): eager and compiled (``torch.compile``, inductor; compile time kept
+  apart) PyTorch float32 of the unfolded and folded backbone, and onnxruntime float32 and
+  INT8 of every form.
 
-Last (``full-width``), the demo RetinaNet built at RePa-Swin-T's widths with random weights:
-onnxruntime float32 and INT8 of its folded backbone at 224², which shows what width does to
-the INT8 speed-up (the demo backbones are 32-256 channels wide).
+Last (``full-width``), the demo RetinaNet built at RePa-Swin-T's widths (96-768 channels) with
+random weights and BatchNorm statistics, at 224²: the same without the metric, which shows what
+width does to the INT8 speed-up (the demo backbones are 32-256 channels wide).
 
-Every tool runs in its own process on one thread (OMP_NUM_THREADS), so the rows compare; run it
-on an otherwise idle machine (about an hour on this 2-core CPU, most of it inductor compiling).
-A family whose checkpoint is missing is skipped and listed. Prints the table; writes every
-result as JSON.
+One thread (OMP_NUM_THREADS, default 1) for PyTorch and onnxruntime alike; run it on an
+otherwise idle machine. A family whose checkpoint is missing is skipped and listed. Prints the
+table; writes every result as JSON.
 """
 import argparse
+import copy
+import functools
 import json
 import os
 import os.path as osp
 import sys
 import tempfile
+import time
+from typing import List, Optional
+
+import torch
+
+from mmrepa import reparameterize
+from mmrepa.utils.latency import cpu_name, time_interleaved
+from mmrepa.utils.onnx import export_onnx, onnxruntime_session
+from mmrepa.utils.quantize import fold_identity_apart, pipeline_inputs
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from demo_models import MODELS, ROOT, run_tool, stamp  # noqa: E402
 
 FORMS = ('unfolded', 'folded', 'identity-apart')
+TORCH_FORMS = ('unfolded', 'folded')  # identity-apart is an INT8 form
 # The demo backbones are 32-256 channels wide, where INT8 kernels barely beat float32: the demo
 # RetinaNet at RePa-Swin-T's widths (96-768), random weights, 224² in, shows the width's effect.
 FULL_WIDTH = {'model.backbone.arch': 'tiny', 'model.neck.in_channels': [192, 384, 768],
@@ -42,25 +56,81 @@ FULL_WIDTH = {'model.backbone.arch': 'tiny', 'model.neck.in_channels': [192, 384
 FULL_WIDTH_CONFIG = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
 
 
-def quantize(config: str, ckpt: str, form: str, repeat: int, tmp: str, *extra) -> dict:
-    print(f'  onnxruntime float32 / INT8, {form}', flush=True)
+def quantized(config: str, ckpt: str, form: str, tmp: str, options: List[str]) -> dict:
+    """tools/quantize.py on one form, untimed: its results; the INT8 file in ``tmp``."""
+    print(f'  INT8 {form}: calibration, SQNR, metric', flush=True)
     dump = osp.join(tmp, 'result.json')
-    return run_tool('quantize.py', [config, ckpt, '--form', form, '--repeat', str(repeat),
-                                    '--out', osp.join(tmp, 'int8.onnx'), '--force',
-                                    '--dump', dump, *extra], dump)
+    return run_tool('quantize.py', [config, ckpt, '--form', form, '--repeat', '0', '--out',
+                                    osp.join(tmp, f'{form}_int8.onnx'), '--force', '--dump',
+                                    dump, *options], dump)
 
 
-def onnx_row(r: dict) -> dict:
-    return dict(float32_ms=r['latency_ms']['float32']['median'],
-                int8_ms=r['latency_ms']['int8']['median'], speedup=r['speedup'],
-                sqnr_db=r['sqnr_db'])
+def backbones(config: str, ckpt: str, cfg_options: Optional[dict]):
+    """The model's backbone in every form, and the first test image as it enters it (the
+    image tools/quantize.py measures SQNR on first)."""
+    from mmrepa.apis import init_model, load_config
+    model = init_model(load_config(config, cfg_options), ckpt)
+    x = pipeline_inputs(model.cfg, model.data_preprocessor, 1, 'test', seed=1)[0][0]
+    forms = dict(unfolded=model, folded=reparameterize(copy.deepcopy(model)))
+    forms['identity-apart'] = fold_identity_apart(copy.deepcopy(model))
+    return {form: m.backbone for form, m in forms.items()}, torch.from_numpy(x)
+
+
+def timed_variants(backbone: dict, x: torch.Tensor, tmp: str):
+    """name -> call for every timed variant; compile seconds of the compiled ones."""
+    threads = torch.get_num_threads()
+    variants, compile_seconds = {}, {}
+    for form in TORCH_FORMS:
+        module = backbone[form]
+        variants[(form, 'eager_ms')] = functools.partial(module, x)
+        compiled = torch.compile(module)
+        start = time.perf_counter()
+        compiled(x)
+        compile_seconds[form] = time.perf_counter() - start
+        variants[(form, 'compiled_ms')] = functools.partial(compiled, x)
+    for form in FORMS:
+        path = osp.join(tmp, f'{form}.onnx')
+        export_onnx(backbone[form], x, path)
+        for key, p in (('onnx_float32_ms', path), ('onnx_int8_ms', osp.join(
+                tmp, f'{form}_int8.onnx'))):
+            session = onnxruntime_session(p, threads)
+            variants[(form, key)] = functools.partial(session.run, None, {'input': x.numpy()})
+    return variants, compile_seconds
+
+
+@torch.no_grad()
+def measure(config: str, ckpt: str, repeat: int, tmp: str, cfg_options: Optional[dict] = None,
+            metric: bool = True) -> dict:
+    """Every form's INT8 results (tools/quantize.py), then every latency in one interleaved
+    timing (unfolded / folded eager and compiled; every form in onnxruntime float32 and INT8)."""
+    options = [] if metric else ['--no-metric']
+    if cfg_options:
+        options += ['--cfg-options', *(f'{k}={v}'.replace(' ', '')
+                                       for k, v in cfg_options.items())]
+    out = dict(config=osp.relpath(config, ROOT), forms={})
+    for form in FORMS:
+        r = quantized(config, ckpt, form, tmp, options)
+        row = out['forms'][form] = dict(sqnr_db=r['sqnr_db'])
+        if metric:
+            key = out['metric_key'] = r['metric_key']
+            row.update(metric_float32=r['metric']['float32'][key],
+                       metric_int8=r['metric']['int8'][key], metric_drop=r['metric_drop'])
+        out['input_shape'] = r['input_shape']
+    backbone, x = backbones(config, ckpt, cfg_options)
+    assert list(x.shape) == out['input_shape'], (x.shape, out['input_shape'])
+    print('  compiling and exporting', flush=True)
+    variants, out['compile_seconds'] = timed_variants(backbone, x, tmp)
+    print(f'  timing {len(variants)} variants, {repeat} interleaved rounds', flush=True)
+    for (form, key), stats in time_interleaved(variants, repeat=repeat, warmup=10).items():
+        out['forms'][form][key] = stats.median
+    for row in out['forms'].values():
+        row['int8_speedup'] = row['onnx_float32_ms'] / row['onnx_int8_ms']
+    return out
 
 
 def measure_full_width(repeat: int, tmp: str) -> dict:
-    """onnxruntime float32 / INT8 of the folded backbone of FULL_WIDTH_CONFIG at FULL_WIDTH
-    (random weights and BatchNorm statistics: latency and SQNR, no metric)."""
-    import torch
-
+    """FULL_WIDTH_CONFIG at FULL_WIDTH with random weights and BatchNorm statistics: latency
+    and SQNR, no metric."""
     from mmrepa.apis import init_model, load_config
     model = init_model(load_config(FULL_WIDTH_CONFIG, FULL_WIDTH))
     g = torch.Generator().manual_seed(0)
@@ -70,45 +140,8 @@ def measure_full_width(repeat: int, tmp: str) -> dict:
             m.running_var.uniform_(0.5, 2, generator=g)
     ckpt = osp.join(tmp, 'full_width.pth')
     torch.save(dict(state_dict=model.state_dict()), ckpt)
-    options = ['--no-metric', '--cfg-options',
-               *(f'{k}={v}'.replace(' ', '') for k, v in FULL_WIDTH.items())]
-    out = dict(config=osp.relpath(FULL_WIDTH_CONFIG, ROOT), cfg_options=FULL_WIDTH, onnx={})
-    for form in ('folded', 'identity-apart'):
-        r = quantize(FULL_WIDTH_CONFIG, ckpt, form, repeat, tmp, *options)
-        out['onnx'][form] = onnx_row(r)
-        out['input_shape'] = r['input_shape']
-    return out
-
-
-def measure(name: str, repeat: int, tmp: str) -> dict:
-    """All measurements of one demo model; the input shape comes from tools/quantize.py."""
-    config, ckpt = MODELS[name].paths()
-    out = dict(what=MODELS[name].what, backbone=MODELS[name].backbone,
-               config=osp.relpath(config, ROOT), checkpoint=osp.relpath(ckpt, ROOT), onnx={})
-    for form in FORMS:
-        r = quantize(config, ckpt, form, repeat, tmp)
-        out['onnx'][form] = onnx_row(r)
-        metric = r['metric']
-        out['onnx'][form].update(
-            metric_float32=metric['float32'][r['metric_key']],
-            metric_int8=metric['int8'][r['metric_key']], metric_drop=r['metric_drop'])
-        out.update(input_shape=r['input_shape'], metric_key=r['metric_key'])
-    shape = [str(s) for s in out['input_shape'][2:]]
-    for mode, flags in (('eager', []), ('compiled', ['--compile'])):
-        print(f'  PyTorch float32, {mode}', flush=True)
-        r = run_tool('benchmark.py', [config, '--checkpoint', ckpt, '--backbone-only',
-                                      '--shape', *shape, '--repeat', str(repeat), '--warmup',
-                                      '10', '--out', osp.join(tmp, 'result.json'), *flags],
-                     osp.join(tmp, 'result.json'))
-        scope = r['scopes']['backbone']
-        out[mode] = dict(unfolded_ms=scope['before']['median_ms'],
-                         folded_ms=scope['after']['median_ms'], speedup=scope['speedup'])
-        if mode == 'eager':
-            out.update(gmacs_unfolded=scope['gmacs_before'], gmacs_folded=scope['gmacs_after'])
-        else:
-            out[mode]['compile_seconds'] = dict(unfolded=r['compile_seconds']['before'],
-                                                folded=r['compile_seconds']['after'])
-    return out
+    return dict(measure(FULL_WIDTH_CONFIG, ckpt, repeat, tmp, FULL_WIDTH, metric=False),
+                cfg_options=FULL_WIDTH)
 
 
 def fmt(value, spec='.2f'):
@@ -119,28 +152,19 @@ def table(results: dict) -> str:
     lines = ['| family (demo model, input) | form | eager fp32 ms | compiled fp32 ms | '
              'ORT fp32 ms | ORT INT8 ms | INT8 speed-up | INT8 SQNR dB | metric fp32 → INT8 |',
              '|---|---|---|---|---|---|---|---|---|']
-    for r in results['models'].values():
-        h, w = r['input_shape'][2:]
-        name = f"{r['backbone']} ({r['what']}, {h}×{w})"
-        for form in FORMS:
-            o = r['onnx'][form]
-            key = 'folded' if form == 'folded' else 'unfolded'
-            torch_ms = [None if form == 'identity-apart' else r[m][f'{key}_ms']
-                        for m in ('eager', 'compiled')]
-            lines.append(
-                f"| {name if form == 'unfolded' else ''} | {form} | {fmt(torch_ms[0])} | "
-                f"{fmt(torch_ms[1])} | {o['float32_ms']:.2f} | {o['int8_ms']:.2f} | "
-                f"{o['speedup']:.2f}× | {o['sqnr_db']:.1f} | {o['metric_float32']:.3f} → "
-                f"{o['metric_int8']:.3f} |")
+    rows = [(f"{r['backbone']} ({r['what']}", r) for r in results['models'].values()]
     if 'full_width' in results:
-        r = results['full_width']
+        rows.append(('RePa-Swin-T widths (RetinaNet demo, random weights', results['full_width']))
+    for label, r in rows:
         h, w = r['input_shape'][2:]
-        label = f'RePa-Swin-T widths, RetinaNet demo, random weights ({h}×{w})'
-        for form, o in r['onnx'].items():
+        for form, o in r['forms'].items():
+            metric = (f"{o['metric_float32']:.3f} → {o['metric_int8']:.3f}"
+                      if 'metric_int8' in o else '–')
             lines.append(
-                f"| {label if form == 'folded' else ''} | {form} | – | – | "
-                f"{o['float32_ms']:.2f} | {o['int8_ms']:.2f} | "
-                f"{o['speedup']:.2f}× | {o['sqnr_db']:.1f} | – |")
+                f"| {label + f', {h}×{w})' if form == FORMS[0] else ''} | {form} | "
+                f"{fmt(o.get('eager_ms'))} | {fmt(o.get('compiled_ms'))} | "
+                f"{o['onnx_float32_ms']:.2f} | {o['onnx_int8_ms']:.2f} | "
+                f"{o['int8_speedup']:.2f}× | {o['sqnr_db']:.1f} | {metric} |")
     return '\n'.join(lines)
 
 
@@ -153,9 +177,7 @@ def main(argv=None):
     parser.add_argument('--repeat', type=int, default=200, help='timed rounds per measurement')
     args = parser.parse_args(argv)
     import onnxruntime
-    import torch
-
-    from mmrepa.utils.latency import cpu_name
+    torch.set_flush_denormal(True)  # as tools/benchmark.py
     results = dict(cpu=cpu_name(), torch=torch.__version__, onnxruntime=onnxruntime.__version__,
                    omp_num_threads=os.environ.get('OMP_NUM_THREADS', '1'), repeat=args.repeat,
                    command=' '.join([osp.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -174,7 +196,10 @@ def main(argv=None):
                 results['skipped'].append(f"{name}: no {', '.join(model.missing())}")
                 continue
             print(f'{model.backbone} {model.what}', flush=True)
-            results['models'][name] = dict(measure(name, args.repeat, tmp), **stamp())
+            config, ckpt = model.paths()
+            results['models'][name] = dict(
+                measure(config, ckpt, args.repeat, tmp), what=model.what,
+                backbone=model.backbone, checkpoint=osp.relpath(ckpt, ROOT), **stamp())
         if not args.only or 'full-width' in args.only:
             print('RePa-Swin-T widths, random weights', flush=True)
             results['full_width'] = dict(measure_full_width(args.repeat, tmp), **stamp())
