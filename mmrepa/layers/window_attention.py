@@ -49,16 +49,22 @@ def window_layout(H: int, W: int, window_size: int, shift_size: int,
     """One index gather replaces pad + roll + partition (and one the way back): on a CPU each of
     those is a full copy of the map, the roll two."""
     Hp, Wp = (-(-s // window_size) * window_size for s in (H, W))
-    ids = torch.full((Hp, Wp), H * W, dtype=torch.long, device=device)
+    # Every cell gets its own id, padding H * W onwards, so one scatter inverts the gather: no
+    # boolean indexing or sorting, hence no value-dependent shapes (torch.compile traces it
+    # without graph breaks) and only ops the ONNX exporter has.
+    ids = torch.empty((Hp, Wp), dtype=torch.long, device=device)
     ids[:H, :W] = torch.arange(H * W, device=device).view(H, W)
+    ids[:H, W:] = torch.arange(H * W, H * Wp, device=device).view(H, Wp - W)
+    ids[H:] = torch.arange(H * Wp, Hp * Wp, device=device).view(Hp - H, Wp)
     if shift_size:
         ids = torch.roll(ids, shifts=(-shift_size, -shift_size), dims=(0, 1))
     gather = window_partition(ids.view(1, Hp, Wp, 1), window_size).flatten()
-    real = gather < H * W
     positions = torch.arange(gather.numel(), device=device)
-    scatter = torch.empty(H * W, dtype=torch.long, device=device)
-    scatter[gather[real]] = positions[real]
-    return WindowLayout(gather.masked_fill(~real, 0), scatter, positions[~real])
+    inverse = torch.zeros_like(positions).scatter(0, gather, positions)
+    # padding's positions: in the order of the ids, not of the positions (written as a set)
+    scatter, padded = inverse[:H * W], inverse[H * W:]
+    real = gather < H * W
+    return WindowLayout(gather.masked_fill(~real, 0), scatter, padded)
 
 
 def shifted_window_mask(H: int, W: int, window_size: int, shift_size: int,
