@@ -244,6 +244,27 @@ def test_adaptive_pooling_is_exact_under_the_onnxruntime_rewrites():
     torch.testing.assert_close(tiny, F.adaptive_avg_pool2d(x[..., :2, :2], 6))
 
 
+def test_rewriter_context_puts_every_function_back():
+    """In a fresh process the first RewriterContext used to raise KeyError on exit and leave
+    its rewrites in place (mmrepa.deploy.rewriters, point 5)."""
+    code = ('import torch.nn.functional as F\n'
+            'import mmrepa.deploy\n'
+            'from mmdeploy.core import RewriterContext\n'
+            'from mmengine.config import Config\n'
+            f'cfg = Config.fromfile({osp.join(DEPLOY, CASES["upernet"][1])!r})\n'
+            'import torch\n'
+            'kept = F.adaptive_avg_pool2d, torch.linspace\n'
+            'for _ in range(2):\n'
+            '    with RewriterContext(cfg=cfg, backend="onnxruntime", opset=11):\n'
+            '        pass\n'
+            '    assert (F.adaptive_avg_pool2d, torch.linspace) == kept\n'
+            'print("restored")\n')
+    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'restored' in proc.stdout
+
+
 def test_mmrepa_imports_without_mmdeploy():
     code = ('import sys; sys.modules["mmdeploy"] = None\n'
             'import mmrepa\n'

@@ -32,6 +32,12 @@ nothing changes.
    should not be zero". For ONNX Runtime the rewrite below pools exactly: a global mean, an
    ``avg_pool2d`` when the sizes divide, else two constant averaging matrices with PyTorch's
    adaptive windows (rows ``floor(i H / n)`` to ``ceil((i + 1) H / n)``).
+5. ``RewriterContext`` exit: mmdeploy 1.3.1 undoes its additions to ``torch.fx``'s registry of
+   wrapped functions with ``list.pop(-1)``, but torch keeps that registry in a dict. The first
+   context of a process that added to it raised ``KeyError: -1`` on exit, before it put back
+   the functions it had rewritten (``torch.linspace``, ``F.adaptive_avg_pool2d``, ... stayed
+   mmdeploy's for the rest of the process). The exit below removes the dict's newest entries
+   first, as the list's ``pop`` did.
 
 The attention rewrites key on mmrepa's own methods (mmdeploy's Swin rewrites key on mmdet's
 ``WindowMSA`` / ``ShiftWindowMSA`` and never apply to mmrepa's). mmrepa's shifted-window
@@ -43,6 +49,7 @@ takes precedence over a default one). :mod:`mmrepa.deploy.mmdet_heads` does the 
 RetinaNet, RPN and R-CNN post-processing.
 """
 import contextlib
+import functools
 import math
 import warnings
 from typing import Optional
@@ -51,7 +58,26 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.utils import _pair
 from mmdeploy.core import FUNCTION_REWRITER, SYMBOLIC_REWRITER
+from mmdeploy.core.rewriters import function_rewriter
 from mmdeploy.utils import get_ir_config
+
+
+def _exit_with_dict_registry(exit):
+    @functools.wraps(exit)
+    def wrapped(self):
+        registry = function_rewriter._wrapped_fns_to_patch
+        if isinstance(registry, dict):  # newest first, as list.pop(-1); then exit pops none
+            while len(registry) > self._ori_fx_wrap_num:
+                registry.popitem()
+        return exit(self)
+
+    wrapped.mmrepa_dict_registry = True
+    return wrapped
+
+
+if not getattr(function_rewriter.FunctionRewriter.exit, 'mmrepa_dict_registry', False):
+    function_rewriter.FunctionRewriter.exit = _exit_with_dict_registry(
+        function_rewriter.FunctionRewriter.exit)
 
 
 def exact_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
