@@ -71,6 +71,16 @@ def run_tool(tool: str, args: List[str], dump: str) -> dict:
         return json.load(f)
 
 
+def threads_from_env() -> int:
+    """One thread unless OMP_NUM_THREADS says otherwise, for this process's torch (and the
+    onnxruntime sessions given torch's count) and the tools it runs: the thread count a
+    benchmark records is then the one it measured with."""
+    import torch
+    os.environ.setdefault('OMP_NUM_THREADS', '1')
+    torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+    return torch.get_num_threads()
+
+
 def stamp() -> dict:
     """When, and at which commit (marked if tracked files differ from it), a row was measured."""
     def git(*args):

@@ -24,7 +24,9 @@ width does to the INT8 speed-up (the demo backbones are 32-256 channels wide).
 
 One thread (OMP_NUM_THREADS, default 1) for PyTorch and onnxruntime alike; run it on an
 otherwise idle machine. A family whose checkpoint is missing is skipped and listed. Prints the
-table; writes every result as JSON.
+table; writes every result as JSON, with the machine (mmrepa.utils.machine: CPU, vector
+extensions, threads, load at start and end) of the whole run under ``machine`` and of each row
+under the row's ``machine`` (``--only`` keeps rows measured by other runs).
 """
 import argparse
 import copy
@@ -41,11 +43,12 @@ import torch
 
 from mmrepa import reparameterize
 from mmrepa.utils.latency import cpu_name, time_interleaved
+from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import export_onnx, onnxruntime_session
 from mmrepa.utils.quantize import fold_identity_apart, pipeline_inputs
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from demo_models import MODELS, ROOT, run_tool, stamp  # noqa: E402
+from demo_models import MODELS, ROOT, run_tool, stamp, threads_from_env  # noqa: E402
 
 FORMS = ('unfolded', 'folded', 'identity-apart')
 TORCH_FORMS = ('unfolded', 'folded')  # identity-apart is an INT8 form
@@ -178,10 +181,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import onnxruntime
     torch.set_flush_denormal(True)  # as tools/benchmark.py
+    threads_from_env()
+    machine = machine_info()
     results = dict(cpu=cpu_name(), torch=torch.__version__, onnxruntime=onnxruntime.__version__,
-                   omp_num_threads=os.environ.get('OMP_NUM_THREADS', '1'), repeat=args.repeat,
+                   omp_num_threads=os.environ['OMP_NUM_THREADS'], repeat=args.repeat,
                    command=' '.join([osp.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-                   models={}, skipped=[])
+                   machine=machine, models={}, skipped=[])
     if args.only and osp.exists(args.out):
         with open(args.out) as f:
             kept = json.load(f)
@@ -197,13 +202,18 @@ def main(argv=None):
                 continue
             print(f'{model.backbone} {model.what}', flush=True)
             config, ckpt = model.paths()
+            row_machine = machine_info()
             results['models'][name] = dict(
                 measure(config, ckpt, args.repeat, tmp), what=model.what,
-                backbone=model.backbone, checkpoint=osp.relpath(ckpt, ROOT), **stamp())
+                backbone=model.backbone, checkpoint=osp.relpath(ckpt, ROOT), **stamp(),
+                machine=finish(row_machine))
         if not args.only or 'full-width' in args.only:
             print('RePa-Swin-T widths, random weights', flush=True)
-            results['full_width'] = dict(measure_full_width(args.repeat, tmp), **stamp())
+            row_machine = machine_info()
+            results['full_width'] = dict(measure_full_width(args.repeat, tmp), **stamp(),
+                                         machine=finish(row_machine))
     results['models'] = {k: results['models'][k] for k in MODELS if k in results['models']}
+    finish(machine)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out + '.tmp', 'w') as f:
         json.dump(results, f, indent=2)

@@ -37,6 +37,7 @@ from mmengine.logging import MMLogger
 from mmrepa.backbones import DepthRepViT
 from mmrepa.utils import complexity, time_interleaved
 from mmrepa.utils.latency import cpu_name
+from mmrepa.utils.machine import finish, machine_info
 
 DEPTHS = (6, 4, 3)
 JOINS = ('logits', 'qkv')
@@ -148,12 +149,15 @@ def run(args):
         if done % max(1, total // 10) == 0 or done == total:
             print(f'  {done}/{total} rounds', flush=True)
 
+    machine = machine_info()  # CPU, vector extensions, threads; the load as timing starts
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     with torch.inference_mode():
         stats = time_interleaved({k: (lambda m=m: m(x)) for k, m in models.items()},
                                  repeat=args.repeat, warmup=args.warmup, progress=progress)
     elapsed = time.perf_counter() - t0
+    load_after = os.getloadavg()
+    finish(machine)
 
     base = stats[BASELINE].median
     base_full, base_paper = info[BASELINE]['macs_full'], info[BASELINE]['macs_paper']
@@ -194,8 +198,8 @@ def run(args):
                      'affine LN (mmrepa.utils.complexity)',
             'gmacs_paper': 'paper: the same without the attention matmuls (SPEC-depth §7.7)'},
         efficiency_target=EFFICIENCY_TARGET,
-        load_average_before=list(load_before), load_average_after=list(os.getloadavg()),
-        timing_seconds=elapsed,
+        load_average_before=list(load_before), load_average_after=list(load_after),
+        timing_seconds=elapsed, machine=machine,
         models=results)
 
 

@@ -18,6 +18,7 @@ from mmengine.logging import MMLogger
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import reparameterize
+from mmrepa.utils.machine import finish, machine_info
 from mmrepa.backbones import CAFormer, ConvFormer, PRepBNSwin, RePaSwin
 from mmrepa.checkpoint.loading import load_state_dict_checked
 
@@ -98,7 +99,9 @@ def main():
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args()
     MMLogger.get_current_instance().setLevel('WARNING')  # init_weights lists every tensor
-    results = dict(shape=args.shape, timm_shape=args.timm_shape, fold={}, timm_parity={})
+    # float32 rounding follows the kernels torch dispatches to (AVX2, AVX-512, ...)
+    results = dict(shape=args.shape, timm_shape=args.timm_shape, machine=machine_info(), fold={},
+                   timm_parity={})
     print(f'fold error, input 1x3x{args.shape[0]}x{args.shape[1]}: max abs (relative)')
     for name, build in BACKBONES.items():
         r = results['fold'][name] = fold_errors(build, args.shape)
@@ -111,6 +114,7 @@ def main():
         print(f"  {name:<34} float64 {r['torch.float64']['max_abs']:.1e} "
               f"({r['torch.float64']['rel']:.1e})   float32 {r['torch.float32']['max_abs']:.1e} "
               f"({r['torch.float32']['rel']:.1e})", flush=True)
+    finish(results['machine'])
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(results, f, indent=2)

@@ -27,6 +27,7 @@ from fold_error import BACKBONES, errors, perturb_  # noqa: E402
 
 from mmrepa import reparameterize  # noqa: E402
 from mmrepa.backbones import DepthRepViT, RepOptVGG  # noqa: E402
+from mmrepa.utils.machine import finish, machine_info  # noqa: E402
 
 MORE = {
     'RepVGG-B1 (RepOptVGG mode repvgg)': lambda: RepOptVGG('B1', mode='repvgg'),
@@ -70,8 +71,9 @@ def main():
     parser.add_argument('--out', help='write the results as JSON here')
     args = parser.parse_args()
     MMLogger.get_current_instance().setLevel('WARNING')
+    # bfloat16 / float16 arithmetic on the CPU depends on its extensions (avx512_bf16, amx_bf16)
     results = dict(shape=args.shape, command=' '.join(sys.argv), torch=torch.__version__,
-                   backbones={})
+                   machine=machine_info(), backbones={})
     print(f'input 1x3x{args.shape[0]}x{args.shape[1]}; relative errors: fold (folded vs '
           'unfolded) / precision (unfolded vs float32)')
     print(f"{'':<44}" + ''.join(f'{p:>22}' for p in PRECISIONS))
@@ -79,6 +81,7 @@ def main():
         r = results['backbones'][name] = precision_errors(build, args.shape)
         print(f'{name:<44}' + ''.join(f"{v['fold']:>11.1e} /{v['precision']:>8.1e}"
                                       for v in r.values()), flush=True)
+    finish(results['machine'])
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(results, f, indent=2)

@@ -11,7 +11,10 @@ method, reduce_range, per-tensor weights, float Softmax, a larger input).
 
 Last, onnxruntime's profiler splits the folded RePa-Swin backbone's float32 and INT8 run times by
 kind of op, which bounds the speed-up INT8 kernels can give (Amdahl). Missing checkpoints are
-skipped (and listed). Prints a table; writes every result as JSON.
+skipped (and listed). Prints a table; writes every result as JSON, with the machine
+(mmrepa.utils.machine: CPU, vector extensions, threads, load at start and end) of the whole run
+under ``machine`` and of each run under the run's ``machine`` (as tools/quantize.py recorded it;
+``--only`` keeps runs measured by other runs).
 """
 import argparse
 import collections
@@ -22,7 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from demo_models import MODELS, ROOT, run_tool, stamp  # noqa: E402
+from demo_models import MODELS, ROOT, run_tool, stamp, threads_from_env  # noqa: E402
 
 LARGE = ['test_dataloader.dataset.pipeline.1.scale=(512,512)']  # the detector's test Resize
 # (model, part, form, settings label, extra arguments)
@@ -145,10 +148,14 @@ def main(argv=None):
     import onnxruntime
 
     from mmrepa.utils.latency import cpu_name
+    from mmrepa.utils.machine import finish, machine_info
     from mmrepa.utils.quantize import needs_reduce_range
+    threads_from_env()  # the tools' threads (and the profile's one) recorded as they ran
+    machine = machine_info()
     results = dict(cpu=cpu_name(), onnxruntime=onnxruntime.__version__,
-                   omp_num_threads=os.environ.get('OMP_NUM_THREADS', '1'),
-                   reduce_range_auto=needs_reduce_range(), runs=[], skipped=[])
+                   omp_num_threads=os.environ['OMP_NUM_THREADS'],
+                   reduce_range_auto=needs_reduce_range(), machine=machine, runs=[],
+                   skipped=[])
     if args.only and osp.exists(args.out):
         with open(args.out) as f:
             kept = json.load(f)
@@ -171,6 +178,7 @@ def main(argv=None):
             rows.append(results['runs'][-1])
             if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
                 results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
+    finish(machine)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out + '.tmp', 'w') as f:
         json.dump(results, f, indent=2)

@@ -14,6 +14,7 @@ import torch
 from mmrepa.backbones import RePaSwin
 from mmrepa.backbones.repa_swin import ARCH_SETTINGS
 from mmrepa.utils import time_interleaved
+from mmrepa.utils.machine import finish, machine_info
 
 
 def parse_args():
@@ -50,10 +51,12 @@ def main():
     swin.train()
     repa.train()
     x = torch.randn(args.batch, 3, *args.shape)
+    machine = machine_info()
     stats = time_interleaved(
         {'mmdet SwinTransformer': step_fn(swin, x), 'RePaSwin': step_fn(repa, x)},
         repeat=args.repeat, warmup=args.warmup,
         progress=lambda d, t: print(f'round {d}/{t}', flush=True))
+    finish(machine)
     ratio = stats['RePaSwin'].median / stats['mmdet SwinTransformer'].median
     for name, s in stats.items():
         print(f'{name:<24} {s.median:9.1f} ms/step (min {s.min:.1f}, max {s.max:.1f})')
@@ -63,7 +66,8 @@ def main():
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(dict(vars(args), ratio=ratio,
-                           median_ms={k: v.median for k, v in stats.items()}), f, indent=2)
+                           median_ms={k: v.median for k, v in stats.items()},
+                           machine=machine), f, indent=2)
 
 
 if __name__ == '__main__':

@@ -40,6 +40,7 @@ from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeli
 from mmrepa.errors import ConfigError
 from mmrepa.utils import complexity, model_complexity, time_interleaved
 from mmrepa.utils.latency import cpu_name
+from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 
 
@@ -191,6 +192,7 @@ def onnx_variant(backbone, x, path):
 
 
 def run(args):
+    machine = machine_info()  # the load average as the measurement starts
     device = torch.device(args.device)
     if args.onnx and device.type != 'cpu':
         raise SystemExit('--onnx times onnxruntime on the CPU: add --device cpu')
@@ -209,7 +211,7 @@ def run(args):
                   dtype=str(next(model.parameters()).dtype), amp=args.amp,
                   channels_last=args.channels_last, compile=args.compile,
                   shape=list(shape), batch=args.batch, repeat=args.repeat, warmup=args.warmup,
-                  torch=torch.__version__, scopes={})
+                  torch=torch.__version__, machine=machine, scopes={})
 
     x = torch.randn(args.batch, 3, *shape, device=device)
     if args.channels_last:
@@ -256,6 +258,7 @@ def run(args):
         scope['latency_change_percent'] = 100.0 * (1 / scope['speedup'] - 1)
         scope['gmacs_ratio'] = scope['gmacs_before'] / scope['gmacs_after']
         scope['speedup_over_gmacs_ratio'] = scope['speedup'] / scope['gmacs_ratio']
+    finish(machine)
     return result
 
 
@@ -263,7 +266,9 @@ def format_table(result):
     settings = ', '.join(s for s in (f"autocast {result['amp']}" if result['amp'] else '',
                                      'channels-last' if result['channels_last'] else '',
                                      'compiled' if result['compile'] else '') if s)
-    lines = [f"{result['config']}  |  {result['device']} ({result['device_name']}), "
+    kernels = result.get('machine', {}).get('torch_cpu_capability')
+    kernels = f", torch's {kernels} kernels" if kernels and result['device'] == 'cpu' else ''
+    lines = [f"{result['config']}  |  {result['device']} ({result['device_name']}{kernels}), "
              f"{result['threads']} threads, {result['dtype']}"
              f"{' (' + settings + ')' if settings else ''}, input {result['shape']}, "
              f"backbone batch {result['batch']}",

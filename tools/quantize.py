@@ -48,6 +48,7 @@ from mmrepa.errors import ConfigError
 from mmrepa.fold.protocol import is_foldable
 from mmrepa.tool_inputs import check_inputs
 from mmrepa.utils.latency import time_interleaved
+from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import (TensorForward, export_onnx, flatten_outputs, onnx_max_abs_error,
                                onnxruntime_session)
 from mmrepa.utils.quantize import (CALIBRATION_METHODS, CalibrationMismatch,
@@ -265,7 +266,7 @@ def main(argv=None) -> dict:
     result = dict(config=args.config, checkpoint=args.checkpoint, part=part, form=args.form,
                   input_shape=list(shape), out=out, calibration_images=len(calib),
                   calibration_split=args.calib_split, sqnr_images=len(tests), threads=threads,
-                  options=options)
+                  options=options, machine=machine_info())
     x = torch.from_numpy(calib[0][0])
     with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
         paths, layers, targets = {}, {}, {}
@@ -328,6 +329,7 @@ def main(argv=None) -> dict:
                                                for f in FORMS))
             print('ranges per module, unfolded / folded / identity-apart (widest fold first):')
             print_report(result['fold_ranges'], FORMS)
+    finish(result['machine'])
     if args.dump:
         write_json(result, args.dump)
     return result

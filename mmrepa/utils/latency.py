@@ -3,24 +3,19 @@
 Variants are timed interleaved (A B A B ...) so that drift of the machine (thermal state,
 other load) affects all of them alike.
 """
-import platform
 import statistics
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
+from .machine import cpu_model
+
 
 def cpu_name() -> str:
-    """The CPU model (Linux reports it in /proc/cpuinfo; platform.processor() is often empty)."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU model (Linux reports it in /proc/cpuinfo; platform.processor() is often empty).
+    A benchmark's JSON records the whole machine: :func:`mmrepa.utils.machine.machine_info`."""
+    return cpu_model()
 
 
 class LatencyStats(NamedTuple):

@@ -21,6 +21,7 @@ from mmengine.optim import build_optim_wrapper
 import mmrepa
 from mmrepa.backbones import RepOptVGG
 from mmrepa.utils import complexity, time_interleaved
+from mmrepa.utils.machine import finish, machine_info
 
 
 class Classifier(nn.Module):
@@ -82,6 +83,7 @@ def main():
     x = torch.randn(args.batch, 3, args.size, args.size)
     y = torch.randint(0, 1000, (args.batch, ))
     models = {mode: build(args.arch, mode) for mode in ('target', 'repvgg')}
+    machine = machine_info()
 
     def step(mode):
         model, wrapper = models[mode]
@@ -110,6 +112,7 @@ def main():
                                  repeat=args.repeat, warmup=args.warmup)
     result['folded_inference_ms'] = {k: v.median for k, v in infer.items()}
     result['train_speedup'] = train['RepVGG'].median / train['RepOpt-VGG'].median
+    result['machine'] = finish(machine)
     print(json.dumps(result, indent=2))
     if args.out:
         with open(args.out, 'w') as f:
