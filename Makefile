@@ -1,6 +1,8 @@
 # make demo  - install what is missing, then train, fold and evaluate one model per task family
 #              (RetinaNet, Mask R-CNN, UperNet, classifier) on generated data; tools/demo.py --help
 # make test  - install what is missing, then run the test suite
+# make docs  - install what is missing (with the docs requirements), then build docs/ into
+#              docs/_build/html, strictly (warnings and broken cross-references are errors)
 # PYTHON=/path/to/python uses that interpreter's environment instead of .venv/.
 VENV := .venv
 PYTHON ?= $(VENV)/bin/python
@@ -10,7 +12,7 @@ BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install install-tests demo test clean
+.PHONY: install install-tests demo test docs clean
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -26,6 +28,9 @@ demo: install
 
 test: install-tests
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+docs: install-tests
+	$(PYTHON) -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
 clean:
 	rm -rf work_dirs/demo work_dirs/demo_repopt data/demo_shapes data/demo_shapes_cls data/demo_shapes_ade

@@ -61,7 +61,7 @@ for line in open(sys.argv[1]):
             sys.exit(1)
 EOF
 }
-for req in stack $([ "$WITH_TESTS" = "--tests" ] && echo tests); do
+for req in stack $([ "$WITH_TESTS" = "--tests" ] && echo tests docs); do
   satisfied "$ROOT/requirements/$req.txt" || pip_install --quiet -r "$ROOT/requirements/$req.txt"
 done
 
