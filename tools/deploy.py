@@ -34,6 +34,7 @@ from mmengine.config import Config, DictAction
 import mmrepa
 from mmrepa.apis import build_model, init_model, load_config, one_line_errors
 from mmrepa.checkpoint import save_atomically
+from mmrepa.utils.files import set_user_mode
 
 TOOL = 'tools/deploy.py'
 # the (codebase, task) pairs this tool compares, and the deploy config for each kind of model
@@ -330,6 +331,7 @@ def main(argv=None) -> dict:
         if problem:
             raise SystemExit(f'{TOOL}: the exported model disagrees with PyTorch on {image}: '
                              f'{problem}; nothing written to {args.out}')
+        set_user_mode(tmp)  # mkdtemp's 0700, as os.makedirs would have made it
         _publish(tmp, args.out)
         published = True
     except CannotExport as err:

@@ -33,7 +33,6 @@ import contextlib
 import copy
 import io
 import json
-import os
 import os.path as osp
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from mmrepa.checkpoint.saving import check_output_path
 from mmrepa.errors import ConfigError
 from mmrepa.fold.protocol import is_foldable
 from mmrepa.tool_inputs import check_inputs
+from mmrepa.utils.files import atomic_output
 from mmrepa.utils.latency import time_interleaved
 from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import (TensorForward, export_onnx, flatten_outputs, onnx_max_abs_error,
@@ -200,19 +200,8 @@ def main_metric(metrics: dict) -> str:
 
 def write_json(obj, path: str) -> None:
     """``obj`` as JSON at ``path`` through a temporary file renamed in one step."""
-    out_dir = osp.dirname(osp.abspath(path))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.json.tmp')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            json.dump(obj, f, indent=2)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        if osp.exists(tmp):
-            os.remove(tmp)
+    with atomic_output(path, suffix='.json.tmp') as tmp, open(tmp, 'w') as f:
+        json.dump(obj, f, indent=2)
 
 
 def print_report(report, forms, limit: int = 12) -> None:

@@ -1,7 +1,5 @@
 """Writing checkpoints the tools produce: never over their input, never half-written."""
-import os
 import os.path as osp
-import tempfile
 
 import torch
 
@@ -16,14 +14,8 @@ def check_output_path(out: str, source: str, force: bool = False) -> None:
 
 def save_atomically(obj, path: str) -> None:
     """``torch.save(obj, path)`` through a temporary file in the same directory, renamed in
-    one step: a crash leaves the old file or none, never a truncated one."""
-    out_dir = osp.dirname(osp.abspath(path))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.tmp')
-    os.close(fd)
-    try:
+    one step: a crash leaves the old file or none, never a truncated one. The file gets the
+    user's mode (umask), as ``torch.save`` to the path would give it."""
+    from ..utils.files import atomic_output  # mmrepa.utils imports more than `import mmrepa`
+    with atomic_output(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)  # atomic on one file system
-    finally:
-        if osp.exists(tmp):
-            os.remove(tmp)

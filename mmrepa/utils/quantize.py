@@ -12,7 +12,6 @@
 - :func:`fold_identity_apart`: the fold with identity shortcuts kept out of the weights, which
   INT8 needs (RepVGG layers, channel-idle FFNs whose pre-norm folds).
 """
-import os
 import os.path as osp
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -26,6 +25,7 @@ from ..fold import reparameterize
 from ..fold.arithmetic import batchnorm_affine, fold_dtype
 from ..layers.channel_idle_ffn import ChannelIdleFFN
 from ..layers.repopt import RepVGGConvBN
+from .files import atomic_output
 
 WEIGHTED_OPS = ('Conv', 'MatMul', 'Gemm')
 
@@ -157,36 +157,25 @@ def quantize_qdq(float_path: str, out_path: str, inputs: Sequence[Tuple[np.ndarr
         import onnx
         graph = onnx.load(float_path, load_external_data=False).graph
         exclude += [n.name for n in graph.node if n.op_type in exclude_op_types]
-    out_dir = osp.dirname(osp.abspath(out_path))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.onnx.tmp')
-    os.close(fd)
-    try:
-        with tempfile.TemporaryDirectory(prefix='mmrepa.calib.') as calib_dir:
-            cache = osp.join(calib_dir, 'ranges.json')
-            quantize_static(
-                float_path, tmp, CalibrationReader(inputs, expected),
-                quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                reduce_range=reduce_range,
-                activation_type=QuantType.QUInt8 if activation_type == 'uint8'
-                else QuantType.QInt8,
-                weight_type=QuantType.QInt8,
-                nodes_to_exclude=exclude or None,
-                calibrate_method=getattr(CalibrationMethod,
-                                         {'minmax': 'MinMax', 'entropy': 'Entropy',
-                                          'percentile': 'Percentile'}[method]),
-                extra_options=dict(ActivationSymmetric=symmetric_activations,
-                                   WeightSymmetric=True),
-                calibration_cache_path=cache)
-            ranges = {name: tuple(float(v) for v in np.asarray(r.range_value).reshape(-1)[:2])
-                      for name, r in load_tensors_data(cache).data.items()}
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would differ from a plain save
-        os.replace(tmp, out_path)
-    finally:
-        if osp.exists(tmp):
-            os.remove(tmp)
+    with atomic_output(out_path, suffix='.onnx.tmp') as tmp, \
+            tempfile.TemporaryDirectory(prefix='mmrepa.calib.') as calib_dir:
+        cache = osp.join(calib_dir, 'ranges.json')
+        quantize_static(
+            float_path, tmp, CalibrationReader(inputs, expected),
+            quant_format=QuantFormat.QDQ, per_channel=per_channel,
+            reduce_range=reduce_range,
+            activation_type=QuantType.QUInt8 if activation_type == 'uint8'
+            else QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=exclude or None,
+            calibrate_method=getattr(CalibrationMethod,
+                                     {'minmax': 'MinMax', 'entropy': 'Entropy',
+                                      'percentile': 'Percentile'}[method]),
+            extra_options=dict(ActivationSymmetric=symmetric_activations,
+                               WeightSymmetric=True),
+            calibration_cache_path=cache)
+        ranges = {name: tuple(float(v) for v in np.asarray(r.range_value).reshape(-1)[:2])
+                  for name, r in load_tensors_data(cache).data.items()}
     return ranges
 
 
