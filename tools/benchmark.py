@@ -42,6 +42,7 @@ from mmrepa.utils import complexity, model_complexity, time_interleaved
 from mmrepa.utils.latency import cpu_name
 from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
+from mmrepa.utils.optional import require
 
 
 def parse_args(argv=None):
@@ -317,6 +318,8 @@ def plot(result, path):
 @one_line_errors('tools/benchmark.py')
 def main(argv=None):
     args = parse_args(argv)
+    require(*(('onnx', 'onnxruntime') if args.onnx else ()),
+            *(('matplotlib', ) if args.plot else ()), tool='tools/benchmark.py')
     with torch.no_grad():
         result = run(args)
     print(format_table(result))

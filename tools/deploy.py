@@ -35,6 +35,7 @@ import mmrepa
 from mmrepa.apis import build_model, init_model, load_config, one_line_errors
 from mmrepa.checkpoint import save_atomically
 from mmrepa.utils.files import set_user_mode
+from mmrepa.utils.optional import require
 
 TOOL = 'tools/deploy.py'
 # the (codebase, task) pairs this tool compares, and the deploy config for each kind of model
@@ -311,10 +312,8 @@ def main(argv=None) -> dict:
             raise FileNotFoundError(f'no such file: {path}')
     if osp.lexists(args.out) and not args.force:
         raise SystemExit(f'{TOOL}: {args.out} exists; pass --force to replace it')
-    try:
-        import mmrepa.deploy  # noqa: F401  (mmrepa's rewrites for mmdeploy)
-    except ImportError as err:
-        raise SystemExit(f'{TOOL}: {err}') from None
+    require('mmdeploy', 'aenum', 'onnx', 'onnxruntime', tool=TOOL)
+    import mmrepa.deploy  # noqa: F401  (mmrepa's rewrites for mmdeploy)
     cfg = load_config(args.config, args.cfg_options)
     deploy_cfg = Config.fromfile(args.deploy_cfg)
     parent = osp.dirname(osp.abspath(args.out))

@@ -20,6 +20,7 @@ import mmrepa
 from mmrepa.apis import init_model, one_line_errors
 from mmrepa.utils.onnx import (TensorForward, export_onnx, onnx_max_abs_error,
                                onnxruntime_session)
+from mmrepa.utils.optional import require
 
 
 def parse_args(argv=None):
@@ -40,6 +41,7 @@ def parse_args(argv=None):
 def main(argv=None) -> float:
     """Returns the max abs difference between onnxruntime and PyTorch."""
     args = parse_args(argv)
+    require('onnx', 'onnxruntime', tool='tools/export_onnx.py')
     model = mmrepa.reparameterize(init_model(args.config, args.checkpoint,
                                              cfg_options=args.cfg_options))
     module = TensorForward(model) if args.full else model.backbone

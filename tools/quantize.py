@@ -51,6 +51,7 @@ from mmrepa.utils.latency import time_interleaved
 from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import (TensorForward, export_onnx, flatten_outputs, onnx_max_abs_error,
                                onnxruntime_session)
+from mmrepa.utils.optional import require
 from mmrepa.utils.quantize import (CALIBRATION_METHODS, CalibrationMismatch,
                                    check_inputs_shape, fold_identity_apart, fold_range_report,
                                    needs_reduce_range, pipeline_inputs, qdq_summary,
@@ -221,6 +222,7 @@ def print_report(report, forms, limit: int = 12) -> None:
 def main(argv=None) -> dict:
     """Returns the results (as --dump writes them)."""
     args = parse_args(argv)
+    require('onnx', 'onnxruntime', tool=TOOL)
     cfg = load_config(args.config, args.cfg_options)
     check_inputs(cfg, TOOL, splits=('test', ) if args.calib_split == 'test' else
                  ('train', 'test'),

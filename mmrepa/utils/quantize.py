@@ -18,7 +18,6 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from onnxruntime.quantization import CalibrationDataReader
 
 from ..errors import ConfigError
 from ..fold import reparameterize
@@ -91,7 +90,14 @@ def check_inputs_shape(inputs: Iterable[Tuple[np.ndarray, str]],
             raise CalibrationMismatch(mismatch_message(i, source, array.shape, expected))
 
 
-class CalibrationReader(CalibrationDataReader):
+try:  # onnxruntime is optional (mmrepa.utils.optional): the module imports without it, for
+    # the tools' --help and constants; nothing that quantizes runs without it
+    from onnxruntime.quantization import CalibrationDataReader as _ReaderBase
+except ImportError:
+    _ReaderBase = object
+
+
+class CalibrationReader(_ReaderBase):
     """onnxruntime's calibration reader over ``[(array, source), ...]`` for the graph input
     ``input_name`` of shape ``expected``; an input of another shape raises
     :class:`CalibrationMismatch` (also when onnxruntime reads it)."""

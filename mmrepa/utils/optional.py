@@ -1,0 +1,40 @@
+"""Optional dependencies of the tools: one rule, one message.
+
+mmrepa itself needs torch, mmengine and mmcv. ONNX export and INT8 (onnx, onnxruntime), whole-model
+deployment (mmdeploy) and plots (matplotlib) are optional. The rule: a module that uses one
+imports it where it is used, not at the top; a tool parses its arguments first (``--help`` always
+works), then calls :func:`require` for what the chosen options need, which stops the tool with one
+line naming the package and how to install it instead of a traceback.
+"""
+import importlib
+from typing import Optional
+
+# how to install each optional module (from the repository's root)
+INSTALL = {
+    'onnx': 'pip install -r requirements/tests.txt, or pip install onnx',
+    'onnxruntime': 'pip install -r requirements/tests.txt, or pip install onnxruntime',
+    'mmdeploy': 'make install-tests, or pip install --no-deps mmdeploy==1.3.1 and '
+                'pip install -r requirements/deploy.txt (see that file)',
+    'aenum': 'pip install -r requirements/deploy.txt',
+    'matplotlib': 'pip install matplotlib',
+}
+
+
+def missing(module: str) -> Optional[str]:
+    """``None`` if ``module`` imports, else why not: 'needs X (how to install X)', or, when it is
+    installed but one of its own imports fails, that error."""
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        if err.name in (None, module) or module.startswith(f'{err.name}.'):
+            return f"needs {module} ({INSTALL.get(module.split('.')[0], f'pip install {module}')})"
+        return f'{module} is installed but does not import: {err}'
+    return None
+
+
+def require(*modules: str, tool: str) -> None:
+    """Import ``modules``; if one is missing, stop with ``TOOL: needs MODULE (how to install
+    it)``, one line per missing module, and exit code 1."""
+    problems = [p for p in map(missing, modules) if p]
+    if problems:
+        raise SystemExit('\n'.join(f'{tool}: {p}' for p in problems))
