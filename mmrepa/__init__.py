@@ -6,9 +6,18 @@ Importing mmrepa registers its backbones and hooks in mmengine's root registries
 and lets torch's ``weights_only`` loader read mmengine checkpoints. It needs torch, mmengine and
 mmcv only.
 """
-from .checkpoint import allow_mmengine_checkpoints, install_restricted_loader
-from .fold import FoldError, FoldReport, fold_model, reparameterize
-from .version import __version__
+import warnings
+
+# mmengine 0.10 imports pkg_resources to find the installed mmdet / mmseg / mmpretrain (the
+# configs' `mmdet::` bases); with setuptools >= 77 (which torch needs) that import warns twice,
+# in every tool. Nothing to act on until mmengine moves off pkg_resources (setuptools < 81 still
+# ships it, requirements/stack.txt pins that): only this one warning is silenced.
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated as an API',
+                        category=UserWarning)
+
+from .checkpoint import allow_mmengine_checkpoints, install_restricted_loader  # noqa: E402
+from .fold import FoldError, FoldReport, fold_model, reparameterize  # noqa: E402
+from .version import __version__  # noqa: E402
 
 from . import layers  # noqa: F401,E402  (registers)
 from . import backbones  # noqa: F401,E402
