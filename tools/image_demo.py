@@ -1,8 +1,12 @@
-"""Draw a model's predictions on one image: detections (boxes, and masks if the model predicts
-them) for mmdet configs, the segmentation for mmseg configs.
+"""Draw a model's predictions on an image or a folder of images: detections (boxes, and masks if
+the model predicts them) for mmdet configs, the segmentation for mmseg configs.
 
     python tools/image_demo.py CONFIG CHECKPOINT IMAGE --out-file OUT.png [--reparam]
         [--score-thr 0.3] [--device cpu] [--cfg-options KEY=VALUE ...]
+    python tools/image_demo.py CONFIG CHECKPOINT FOLDER --out-dir OUT_DIR [...]
+
+A FOLDER's images (its files ending in .jpg, .png, ...; not its subfolders) are drawn one by one
+with the model loaded once, each to OUT_DIR/NAME.png (``--out-dir`` takes a single IMAGE too).
 
 The model runs through mmdet's ``inference_detector`` or mmseg's ``inference_model`` (picked by
 the config's ``default_scope``) and is drawn with their ``DetLocalVisualizer`` /
@@ -11,34 +15,67 @@ reparam=True)``): the picture and the printed lines are the same. Prints one lin
 above ``--score-thr``, or the area of every predicted class.
 """
 import argparse
+import os
 import os.path as osp
 import sys
 
 from mmengine.config import DictAction  # light; torch, mmdet and mmseg load after the checks
 
 
-def image_tool_parser(description: str) -> argparse.ArgumentParser:
-    """The arguments of the tools that run a model on one image (this one, vis_features.py)."""
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+
+
+def image_tool_parser(description: str, folders: bool = False) -> argparse.ArgumentParser:
+    """The arguments of the tools that run a model on one image (this one, vis_features.py);
+    ``folders``: IMAGE may be a folder, written to ``--out-dir`` (or one image to
+    ``--out-file``)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('image', help='image file')
-    parser.add_argument('--out-file', required=True, help='where to write the picture (PNG)')
+    if folders:
+        parser.add_argument('image', help='image file, or a folder of images')
+        out = parser.add_mutually_exclusive_group(required=True)
+        out.add_argument('--out-file', help='where to write the picture of one IMAGE (PNG)')
+        out.add_argument('--out-dir', help='where to write a picture (NAME.png) per image')
+    else:
+        parser.add_argument('image', help='image file')
+        parser.add_argument('--out-file', required=True, help='where to write the picture (PNG)')
     parser.add_argument('--device', default='cpu', help='e.g. cpu, cuda:0')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.test_cfg.score_thr=0.1')
     return parser
 
 
-def missing_inputs(tool: str, args) -> list:
-    """One line per input file that does not exist."""
+def missing_inputs(tool: str, args, folders: bool = False) -> list:
+    """One line per input file that does not exist (``folders``: the image may be a folder)."""
     return [f'{tool}: {what} not found: {path}'
             for what, path in (('config', args.config), ('checkpoint', args.checkpoint),
-                               ('image', args.image)) if not osp.isfile(path)]
+                               ('image', args.image))
+            if not (osp.isfile(path) or folders and what == 'image' and osp.isdir(path))]
+
+
+def image_files(args) -> list:
+    """(image, picture to write) of the IMAGE argument: the file, or the images of the folder."""
+    if osp.isfile(args.image):
+        if args.out_file:
+            return [(args.image, args.out_file)]
+        images = [args.image]
+    elif args.out_file:
+        sys.exit(f'image_demo.py: {args.image} is a folder: write its pictures with --out-dir')
+    else:
+        images = sorted(osp.join(args.image, f) for f in os.listdir(args.image)
+                        if f.lower().endswith(IMAGE_EXTENSIONS)
+                        and osp.isfile(osp.join(args.image, f)))
+        if not images:
+            sys.exit(f'image_demo.py: no image ({", ".join(IMAGE_EXTENSIONS)}) in {args.image}')
+    stems = [osp.splitext(osp.basename(i))[0] for i in images]
+    return [(image, osp.join(args.out_dir, (stem if stems.count(stem) == 1
+                                             else osp.basename(image)) + '.png'))
+            for image, stem in zip(images, stems)]
 
 
 def parse_args(argv=None):
-    parser = image_tool_parser(__doc__.strip().splitlines()[0])
+    parser = image_tool_parser(__doc__.strip().splitlines()[0], folders=True)
     parser.add_argument('--reparam', action='store_true', help='fold the model first')
     parser.add_argument('--score-thr', type=float, default=0.3,
                         help='detections: draw and print those scoring above this')
@@ -80,11 +117,10 @@ def print_class_areas(result, classes, top: int = 20) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    missing = missing_inputs('image_demo.py', args)
+    missing = missing_inputs('image_demo.py', args, folders=True)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
-
-    import mmcv
+    images = image_files(args)
 
     from mmrepa.apis import init_model, one_line_errors
 
@@ -92,30 +128,43 @@ def main(argv=None):
         model = init_model(args.config, args.checkpoint, args.device, args.cfg_options,
                            reparam=args.reparam)
     scope = model.cfg.get('default_scope')
-    image = mmcv.imread(args.image, channel_order='rgb')
-    meta = model.dataset_meta
-    if scope == 'mmdet':
-        from mmdet.apis import inference_detector
-        from mmdet.visualization import DetLocalVisualizer
-        result = inference_detector(model, args.image)
-        print_detections(result, meta['classes'], args.score_thr)
-        visualizer = DetLocalVisualizer(name='image_demo')
-        visualizer.dataset_meta = meta
-        visualizer.add_datasample('image', image, result, draw_gt=False,
-                                  pred_score_thr=args.score_thr, out_file=args.out_file)
-    elif scope == 'mmseg':
-        from mmseg.apis import inference_model
-        from mmseg.visualization import SegLocalVisualizer
-        result = inference_model(model, args.image)
-        print_class_areas(result, meta['classes'])
-        visualizer = SegLocalVisualizer(name='image_demo', alpha=0.5)
-        visualizer.dataset_meta = dict(classes=meta['classes'], palette=meta['palette'])
-        visualizer.add_datasample('image', image, result, draw_gt=False, with_labels=True,
-                                  out_file=args.out_file)
-    else:
+    if scope not in ('mmdet', 'mmseg'):
         sys.exit(f'{args.config}: default_scope is {scope!r}; image_demo.py draws mmdet and '
                  'mmseg models only')
-    print(f'wrote {args.out_file} ({"folded" if args.reparam else "as trained"} model)')
+    meta = model.dataset_meta
+    if scope == 'mmdet':
+        from mmdet.visualization import DetLocalVisualizer
+        visualizer = DetLocalVisualizer(name='image_demo')
+        visualizer.dataset_meta = meta
+    else:
+        from mmseg.visualization import SegLocalVisualizer
+        visualizer = SegLocalVisualizer(name='image_demo', alpha=0.5)
+        visualizer.dataset_meta = dict(classes=meta['classes'], palette=meta['palette'])
+    for path, out_file in images:
+        if len(images) > 1:
+            print(f'{path}:')
+        draw_predictions(model, visualizer, path, out_file, args.score_thr)
+        print(f'wrote {out_file} ({"folded" if args.reparam else "as trained"} model)')
+
+
+def draw_predictions(model, visualizer, path: str, out_file: str, score_thr: float) -> None:
+    """Run the model on the image at ``path``, print what it predicts, draw it to
+    ``out_file``."""
+    import mmcv
+    image = mmcv.imread(path, channel_order='rgb')
+    classes = model.dataset_meta['classes']
+    if model.cfg.get('default_scope') == 'mmdet':
+        from mmdet.apis import inference_detector
+        result = inference_detector(model, path)
+        print_detections(result, classes, score_thr)
+        visualizer.add_datasample('image', image, result, draw_gt=False,
+                                  pred_score_thr=score_thr, out_file=out_file)
+    else:
+        from mmseg.apis import inference_model
+        result = inference_model(model, path)
+        print_class_areas(result, classes)
+        visualizer.add_datasample('image', image, result, draw_gt=False, with_labels=True,
+                                  out_file=out_file)
 
 
 if __name__ == '__main__':

@@ -1,13 +1,22 @@
 """Test a checkpoint with an mmdet, mmseg or mmpretrain config; ``--reparam`` folds it first.
 
-    python tools/test.py CONFIG CHECKPOINT [--reparam] [--work-dir DIR]
+    python tools/test.py CONFIG CHECKPOINT [--reparam] [--work-dir DIR] [--data-root DIR]
+        [--show-dir DIR] [--out results.pkl] [--dump-metrics metrics.json]
 
 With ``--reparam`` the ReparameterizeHook folds the backbone after the checkpoint is loaded,
 checks the folded outputs against the original on a test batch and logs the per-image latency
 of both before testing the folded model. Before building anything it checks that the test data
 and CHECKPOINT exist (the backbone's pretrained weights are not read when testing).
+
+``--show-dir DIR`` draws the predictions on every test image with the config's visualization
+hook and saves the pictures in DIR, as mmdet's, mmseg's and mmpretrain's own test tools do:
+DIR/IMAGE for mmdet, DIR/vis_data/vis_image/test_IMAGE_N.png for mmseg (its visualizer's
+save_dir), DIR/IMAGE_N.png for mmpretrain. A relative DIR is taken from the current directory
+(mmdet's tool puts it under the work dir). ``--out FILE.pkl`` dumps every test image's
+predictions (mmengine's ``DumpResults``; mmdet's ``DumpDetResults``, masks RLE-encoded).
 """
 import json
+import os.path as osp
 
 from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
@@ -17,6 +26,7 @@ import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoin
 from mmrepa.apis import (one_line_errors, setup_cpu_distributed, tool_argument_parser,
                          tool_config)
 from mmrepa.checkpoint import load_checkpoint_file
+from mmrepa.errors import ConfigError
 from mmrepa.tool_inputs import check_inputs
 
 
@@ -30,7 +40,49 @@ def parse_args():
                         '(0 to skip timing)')
     parser.add_argument('--dump-metrics', metavar='FILE.json',
                         help='also write the metrics to this JSON file')
+    parser.add_argument('--show-dir', metavar='DIR',
+                        help='save the predictions drawn on every test image in DIR')
+    parser.add_argument('--out', metavar='FILE.pkl',
+                        help='dump the predictions of every test image to this pickle file')
     return parser.parse_args()
+
+
+# the visualization hook each codebase's default runtime has, and how its test tool turns it on
+VISUALIZATION_HOOKS = {'mmdet': 'DetVisualizationHook', 'mmseg': 'SegVisualizationHook',
+                       'mmpretrain': 'VisualizationHook'}
+
+
+def show_predictions(cfg, show_dir: str) -> None:
+    """Turn on the config's visualization hook to save every test image's predictions in
+    ``show_dir`` (as the codebases' tools/test.py --show-dir; an absolute path, so that mmdet's
+    hook does not put it under the work dir)."""
+    scope = cfg.get('default_scope')
+    if scope not in VISUALIZATION_HOOKS or 'visualizer' not in cfg:
+        raise ConfigError(f'--show-dir: config {cfg.filename} has no visualizer to draw with '
+                          f'(default_scope {scope!r}, visualizer {cfg.get("visualizer")!r})')
+    hooks = cfg.setdefault('default_hooks', {})
+    hook = hooks.get('visualization') or dict(type=VISUALIZATION_HOOKS[scope])
+    hooks['visualization'] = hook
+    show_dir = osp.abspath(show_dir)
+    if scope == 'mmdet':
+        hook.update(draw=True, test_out_dir=show_dir)
+    elif scope == 'mmseg':  # the hook draws through the visualizer's storage backends
+        hook.update(draw=True, interval=1)
+        cfg.visualizer['save_dir'] = show_dir
+    else:
+        hook.update(enable=True, out_dir=show_dir, interval=1)
+
+
+def dump_results_metric(cfg, out: str):
+    """The metric that dumps every prediction to ``out`` (a pickle file)."""
+    if not out.endswith(('.pkl', '.pickle')):
+        raise ConfigError(f'--out {out}: the predictions are dumped as a pickle; name a .pkl '
+                          'file')
+    if cfg.get('default_scope') == 'mmdet':
+        from mmdet.evaluation import DumpDetResults  # masks RLE-encoded, ground truth dropped
+        return DumpDetResults(out_file_path=osp.abspath(out))
+    from mmengine.evaluator import DumpResults
+    return DumpResults(out_file_path=osp.abspath(out))
 
 
 @one_line_errors('tools/test.py')
@@ -41,6 +93,9 @@ def main():
     check_inputs(cfg, 'tools/test.py', splits=('test', ),
                  checkpoints=[('checkpoint to test', 'CHECKPOINT argument', args.checkpoint)])
     load_checkpoint_file(args.checkpoint)  # unreadable or foreign: stop before the runner writes
+    if args.show_dir:
+        show_predictions(cfg, args.show_dir)
+    dump = dump_results_metric(cfg, args.out) if args.out else None
     setup_cpu_distributed(cfg)
     if args.reparam:
         cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
@@ -49,6 +104,8 @@ def main():
                  num_batches=max(1, args.latency_batches))
         ]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if dump is not None:
+        runner.test_evaluator.metrics.append(dump)
     metrics = runner.test()
     if args.dump_metrics and is_main_process():
         with open(args.dump_metrics, 'w') as f:
