@@ -97,6 +97,13 @@ def tool_argument_parser(description: str, distributed: bool = True) -> argparse
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.backbone.idle_ratio=0.5 '
                         'train_dataloader.batch_size=8')
+    parser.add_argument('--data-root', metavar='DIR',
+                        help='use the data in DIR: COCO-format annotations (mmdet), ADE20K\'s '
+                        'layout (mmseg), a folder per class (mmpretrain); the classes come from '
+                        'the data and every head\'s num_classes follows (see mmrepa/own_data.py)')
+    parser.add_argument('--classes', type=lambda s: s.split(','), metavar='A,B,C',
+                        help='with --data-root: the class names of segmentation label maps '
+                        '(else DIR/classes.txt); for COCO data, the categories to keep')
     if distributed:
         parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                             default='none', help='job launcher for distributed runs')
@@ -108,9 +115,15 @@ def tool_argument_parser(description: str, distributed: bool = True) -> argparse
 def tool_config(args: argparse.Namespace) -> Config:
     """The config of :func:`tool_argument_parser`'s arguments: :func:`load_config` with
     ``--cfg-options``, ``work_dir`` (``--work-dir``, else the config's, else
-    ``./work_dirs/CONFIG_NAME``) and ``launcher``. Builds nothing and starts no process group
+    ``./work_dirs/CONFIG_NAME``), ``launcher`` and, after ``--cfg-options``, ``--data-root``
+    (:func:`mmrepa.own_data.use_own_data`). Builds nothing and starts no process group
     (call :func:`setup_cpu_distributed` when the tool is ready to)."""
     cfg = load_config(args.config, args.cfg_options)
+    if getattr(args, 'data_root', None):
+        from .own_data import use_own_data
+        print(use_own_data(cfg, args.data_root, args.classes), flush=True)
+    elif getattr(args, 'classes', None):
+        raise ConfigError('--classes goes with --data-root')
     cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
         './work_dirs', osp.splitext(osp.basename(args.config))[0])
     if hasattr(args, 'launcher'):
