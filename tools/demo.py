@@ -19,9 +19,11 @@ The repopt task first trains the Hyper-Search network (configs/demo/hs_repopt_vg
 exports its constants with tools/misc/repopt_export_scales.py; its config then trains the plain
 network with RepOptSGD and those constants.
 
-A summary table (metric as trained and folded, minutes per task) ends the run; the exit status
-is 1 if any task failed. Users with COCO / ADE20K run the same tools on the configs in
-``configs/``.
+Each step prints one progress line; the tools' own output goes to a log file per step in the
+task's work dir (WORK_DIR/TASK/*.log; --verbose prints it too). A summary table ends the run
+and is written to WORK_DIR/summary.json; the exit status is 1 if any task failed, after the
+per-class scores of a task that did not learn and what to try. Users with COCO / ADE20K run the
+same tools on the configs in ``configs/``.
 """
 import argparse
 import json
@@ -43,34 +45,100 @@ class Metric(NamedTuple):
     tolerance: float  # largest change folding may cause (metric units)
 
 
+class Smoke(NamedTuple):
+    """A task made short for ``--smoke``: a smaller set in its own folder, fewer epochs, bars
+    still far above what an unlearned model reaches."""
+    data: dict  # the data maker's sizes
+    data_keys: Tuple[str, ...]  # the config's data_root options
+    epochs: int
+    bars: dict  # --min-... option: bar
+
+
 class Task(NamedTuple):
     config: str
-    make_data: Callable[[], str]
+    make_data: Callable[..., str]  # (**sizes) -> the data root
     metrics: Tuple[Metric, ...]
     # run before training, in the task's work dir; returns --cfg-options for train and test
-    prepare: Optional[Callable[[str, Optional[int]], List[str]]] = None
+    prepare: Optional[Callable[['Step', str, List[str]], List[str]]] = None
+    smoke: Optional[Smoke] = None
 
 
-def _data(maker: str, name: str) -> Callable[[], str]:
-    def make():
+class ToolFailed(Exception):
+    """A tool exited non-zero; the message holds its last lines and its log."""
+
+
+class Step:
+    """Runs the tools of one task: one progress line per tool, its output in a log file."""
+
+    def __init__(self, work_dir: str, verbose: bool):
+        self.work_dir, self.verbose = work_dir, verbose
+
+    def run(self, label: str, *args: str) -> None:
+        os.makedirs(self.work_dir, exist_ok=True)
+        log = osp.join(self.work_dir, label.replace(' ', '_') + '.log')
+        cmd = [sys.executable, *args]
+        shown = ' '.join(osp.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
+                         for a in cmd[1:])
+        print(f'      {label:<14} {relative(log)}', end='', flush=True)
+        # one compute thread per process: with the data-loader workers on the second core, two
+        # OpenMP threads spin against them (and against anything else running) and train ~10x
+        # slower on a 2-core machine; OMP_NUM_THREADS in the environment still wins
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
+        start = time.time()
+        with open(log, 'w') as out:
+            out.write(f'+ {shown}\n')
+            out.flush()
+            if self.verbose:
+                print(f'\n+ {shown}', flush=True)
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    out.write(line)
+                code = proc.wait()
+            else:
+                code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT).returncode
+        print(f'  {(time.time() - start) / 60:.1f} min', flush=True)
+        if code:
+            raise ToolFailed(f'{osp.basename(args[0])} exited with {code}; its last lines '
+                             f'({relative(log)}):\n' + '\n'.join(last_lines(log, 6)))
+
+
+def relative(path: str) -> str:
+    return osp.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+
+
+def last_lines(path: str, count: int) -> List[str]:
+    with open(path, errors='replace') as f:
+        lines = [line.rstrip() for line in f if line.strip()]
+    return ['        ' + line for line in lines[-count:]]
+
+
+def _data(maker: str, name: str) -> Callable[..., str]:
+    def make(**sizes):
         from mmrepa import datasets
-        return getattr(datasets, maker)(osp.join(ROOT, 'data', name))
+        folder = name + ('_smoke' if sizes else '')  # a smaller set beside the full one
+        return getattr(datasets, maker)(osp.join(ROOT, 'data', folder), **sizes)
     return make
 
 
-def hyper_search(work_dir: str, epochs: Optional[int]) -> List[str]:
+def hyper_search(step: Step, work_dir: str, train_options: List[str]) -> List[str]:
     """Train the Hyper-Search network, export its constants; the target's ``scales`` option."""
     config, hs_dir = osp.join(CONFIGS, 'hs_repopt_vgg_shapes.py'), osp.join(work_dir, 'hs')
-    run(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', hs_dir,
-        *epoch_options(epochs))
+    step.run('hyper-search', osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', hs_dir,
+             *cfg_options(train_options))
     scales = osp.join(work_dir, 'scales.pth')
-    run(osp.join(ROOT, 'tools', 'misc', 'repopt_export_scales.py'), config,
-        last_checkpoint(hs_dir), scales, '--force')
+    step.run('export scales', osp.join(ROOT, 'tools', 'misc', 'repopt_export_scales.py'),
+             config, last_checkpoint(hs_dir), scales, '--force')
     return [f'model.backbone.scales={scales}']
 
 
 # Folding is exact up to float rounding, which can flip a few borderline detections or pixels:
 # the tolerances allow that and nothing more (mAP in [0, 1]; mIoU and top-1 in %).
+# --smoke (make test): the classification task on SMOKE_TRAIN images for SMOKE_EPOCHS epochs;
+# chance top-1 is 33.3 %
+SMOKE_TRAIN, SMOKE_VAL, SMOKE_EPOCHS, SMOKE_TOP1 = 1200, 150, 8, 50.0
 BBOX = Metric('coco/bbox_mAP', 'bbox mAP', 'min_map', 0.002)
 TOP1 = Metric('accuracy/top1', 'top-1', 'min_top1', 0.2)
 TASKS = {
@@ -82,24 +150,16 @@ TASKS = {
     'upernet': Task(osp.join(CONFIGS, 'upernet_repa_convformer_shapes.py'),
                     _data('make_shapes_ade20k', 'demo_shapes_ade'),
                     (Metric('mIoU', 'mIoU', 'min_miou', 0.2), )),
-    'classification': Task(osp.join(CONFIGS, 'classifier_repa_caformer_shapes.py'),
-                           _data('make_shapes_classification', 'demo_shapes_cls'),
-                           (TOP1, )),
+    'classification': Task(
+        osp.join(CONFIGS, 'classifier_repa_caformer_shapes.py'),
+        _data('make_shapes_classification', 'demo_shapes_cls'), (TOP1, ),
+        smoke=Smoke(dict(num_train=SMOKE_TRAIN, num_val=SMOKE_VAL),
+                    tuple(f'{s}_dataloader.dataset.data_root' for s in ('train', 'val', 'test')),
+                    epochs=SMOKE_EPOCHS, bars=dict(min_top1=SMOKE_TOP1))),
     'repopt': Task(osp.join(CONFIGS, 'repopt_vgg_shapes.py'),
                    _data('make_shapes_classification', 'demo_shapes_cls'), (TOP1, ),
                    prepare=hyper_search),
 }
-
-
-def run(*args):
-    cmd = [sys.executable, *args]
-    print('+', ' '.join(osp.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
-                        for a in cmd[1:]), flush=True)
-    # one compute thread per process: with the data-loader workers on the second core, two
-    # OpenMP threads spin against them (and against anything else running) and train ~10x
-    # slower on a 2-core machine; OMP_NUM_THREADS in the environment still wins
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
-    subprocess.run(cmd, cwd=ROOT, check=True, env=env)
 
 
 def backbone_name(config: str) -> str:
@@ -115,12 +175,19 @@ def backbone_name(config: str) -> str:
     return f'RePa-{kind}' if kind in ('ConvFormer', 'CAFormer') and idle else kind
 
 
-def epoch_options(epochs: Optional[int]) -> List[str]:
-    """--cfg-options of another length: the cosine schedule and the checkpoint follow it (the
-    same keys in every demo config)."""
-    return ['--cfg-options', f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
-            f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs}',
-            f'default_hooks.checkpoint.interval={epochs}'] if epochs else []
+def train_options(epochs: Optional[int], seed: Optional[int]) -> List[str]:
+    """Options of another length (the cosine schedule and the checkpoint follow it: the same
+    keys in every demo config) and another seed."""
+    options = [f'randomness.seed={seed}'] if seed is not None else []
+    if epochs:
+        options += [f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
+                    f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs}',
+                    f'default_hooks.checkpoint.interval={epochs}']
+    return options
+
+
+def cfg_options(options: List[str]) -> List[str]:
+    return ['--cfg-options', *options] if options else []
 
 
 def last_checkpoint(work_dir: str) -> str:
@@ -128,21 +195,25 @@ def last_checkpoint(work_dir: str) -> str:
         return osp.join(work_dir, f.read().strip())  # join keeps an absolute path
 
 
-def run_task(task: Task, config: str, work_dir: str, epochs) -> dict:
+def run_task(task: Task, config: str, step: Step, args) -> dict:
     """Generate, (prepare,) train, test as trained and folded; the metrics of both tests."""
-    task.make_data()
-    options = task.prepare(work_dir, epochs) if task.prepare else []
-    extra = epoch_options(epochs)
-    if options:
-        extra = (extra or ['--cfg-options']) + options
-    run(osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', work_dir, *extra)
-    ckpt = last_checkpoint(work_dir)
-    test_extra = ['--cfg-options', *options] if options else []
+    if args.smoke:
+        root = task.make_data(**task.smoke.data)
+        options = [f'{key}={root}' for key in task.smoke.data_keys]
+    else:
+        task.make_data()
+        options = []
+    train = train_options(args.epochs, args.seed)
+    options += task.prepare(step, step.work_dir, train) if task.prepare else []
+    step.run('train', osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', step.work_dir,
+             *cfg_options(train + options))
+    ckpt = last_checkpoint(step.work_dir)
     results = {}
     for name, flags in (('trained', []), ('folded', ['--reparam'])):
-        out = osp.join(work_dir, f'metrics_{name}.json')
-        run(osp.join(ROOT, 'tools', 'test.py'), config, ckpt, '--work-dir', work_dir,
-            '--dump-metrics', out, *flags, *test_extra)
+        out = osp.join(step.work_dir, f'metrics_{name}.json')
+        step.run(f'test {name}', osp.join(ROOT, 'tools', 'test.py'), config, ckpt,
+                 '--work-dir', step.work_dir, '--dump-metrics', out, *flags,
+                 *cfg_options(options))
         with open(out) as f:
             results[name] = json.load(f)
     return results
@@ -163,7 +234,36 @@ def check(task: Task, results: dict, args) -> list:
     return problems
 
 
-def main():
+def per_class(results: dict, test_log: str) -> List[str]:
+    """The per-class scores of the trained model's test: the tables mmdet (classwise) and
+    mmseg print to the log, or mmpretrain's class-wise recall from the metrics."""
+    recall = results.get('single-label/recall_classwise')
+    if recall is not None:
+        from mmrepa.datasets import SHAPE_CLASSES
+        return [f'recall of {c}: {r:.1f} %' for c, r in zip(SHAPE_CLASSES, recall)]
+    table, tables = [], []
+    with open(test_log, errors='replace') as f:
+        for line in f:
+            if line.startswith(('+', '|')):
+                table.append(line.rstrip())
+            elif table:
+                tables.append(table)
+                table = []
+    return [line for t in tables + [table] for line in t]
+
+
+ADVICE = ('what to try: another seed (--seed 1), a longer schedule (--epochs, e.g. 1.5x the '
+          "config's max_epochs), or the task alone with --verbose to watch its loss; see "
+          'docs/troubleshooting.md')
+
+
+def print_table(rows: List[tuple]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print('  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def parse_args():
     parser = argparse.ArgumentParser(
         description=__doc__.strip().splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -176,7 +276,15 @@ def main():
                         help='each task writes to WORK_DIR/TASK')
     parser.add_argument('--epochs', type=int, default=None,
                         help="override every task's max_epochs")
-    # the bars: what a model that learned nothing cannot reach (see the README's demo table)
+    parser.add_argument('--seed', type=int, default=None,
+                        help="override every config's randomness.seed (0)")
+    parser.add_argument('--smoke', action='store_true',
+                        help='a short check that the task still learns (make test runs it): '
+                        f'classification on {SMOKE_TRAIN} images for {SMOKE_EPOCHS} epochs, '
+                        f'top-1 bar {SMOKE_TOP1:g}')
+    parser.add_argument('--verbose', action='store_true',
+                        help="print the tools' output too (it always goes to the logs)")
+    # the bars: what a model that learned nothing cannot reach (see docs/demo.md)
     parser.add_argument('--min-map', type=float, default=0.3,
                         help='bbox mAP bar of retinanet and mask-rcnn; a detector that has '
                         'not learned scores ~0 (default: %(default)s)')
@@ -190,8 +298,6 @@ def main():
                         help='top-1 bar of classification and repopt in %%; chance is 33.3, '
                         'the largest class 35 (default: %(default)s)')
     args = parser.parse_args()
-
-    sys.path.insert(0, ROOT)
     if args.task is None:  # --config alone: the task whose config name starts the same
         prefix = osp.basename(args.config or '').split('_')[0]
         args.task = next((name for name, t in TASKS.items()
@@ -201,36 +307,79 @@ def main():
         args.task = args.task or 'all'
     if args.config and args.task == 'all':
         parser.error('--config replaces one task\'s config: give --task too')
-    names = list(TASKS) if args.task == 'all' else [args.task]
+    if args.smoke:
+        if args.task == 'all':
+            args.task = next(name for name, t in TASKS.items() if t.smoke)
+        smoke = TASKS[args.task].smoke
+        if smoke is None:
+            parser.error(f'--smoke: the {args.task} task has no short form; '
+                         f'give --task {" or ".join(n for n, t in TASKS.items() if t.smoke)}')
+        args.epochs = args.epochs or smoke.epochs
+        for option, bar in smoke.bars.items():  # unless given on the command line
+            if getattr(args, option) == parser.get_default(option):
+                setattr(args, option, bar)
+    return args
 
-    rows, failed = [], []
-    for name in names:
+
+def main():
+    args = parse_args()
+    sys.path.insert(0, ROOT)
+    from mmrepa.utils.machine import finish, machine_info
+    names = list(TASKS) if args.task == 'all' else [args.task]
+    rows, failed, summary = [], [], []
+    machine = machine_info()
+    # the tools' threads, not this process's: OMP_NUM_THREADS, 1 unless set (Step.run)
+    machine['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS', '1')
+    machine['threads'] = int(machine['omp_num_threads'])
+    begin = time.time()
+    for i, name in enumerate(names, 1):
         task = TASKS[name]
         config = osp.abspath(args.config) if args.config else task.config
+        backbone = backbone_name(config)
+        print(f'[{i}/{len(names)}] {name}: {backbone}, {relative(config)}', flush=True)
+        step = Step(osp.join(args.work_dir, name), args.verbose)
         start = time.time()
+        details = []
         try:
-            results = run_task(task, config, osp.join(args.work_dir, name), args.epochs)
-        except subprocess.CalledProcessError as err:  # the tool has said why; go on
-            results, problems = None, [f'{osp.basename(err.cmd[1])} exited with {err.returncode}']
+            results = run_task(task, config, step, args)
+        except ToolFailed as err:  # the tool has said why; go on with the next task
+            results, problems = None, [str(err)]
         else:
             problems = check(task, results, args)
+            if any('did not learn' in p for p in problems):
+                details = per_class(results['trained'], osp.join(step.work_dir,
+                                                                 'test_trained.log'))
         minutes = (time.time() - start) / 60
-        backbone = backbone_name(config)
         for m in task.metrics:
             values = [results[k][m.key] for k in ('trained', 'folded')] if results else [None] * 2
-            rows.append((name, backbone, m.name, *values, minutes))
+            rows.append((name, backbone, m.name, str(getattr(args, m.option)), *values,
+                         minutes, 'FAILED' if problems else 'ok'))
+            summary.append(dict(zip(('task', 'backbone', 'metric', 'bar', 'trained', 'folded',
+                                     'minutes', 'result'), rows[-1])))
+        status = 'ok' if not problems else 'FAILED: ' + problems[0].splitlines()[0]
+        print(f'      {name}: {status} ({minutes:.1f} min)', flush=True)
         if problems:
-            failed.append(f'{name}: ' + '; '.join(problems))
+            failed.append((name, problems, details))
 
-    header = ('task', 'backbone', 'metric', 'as trained', 'folded', 'minutes')
-    cells = [header] + [(t, b, m, *('-' if v is None else f'{v:.3f}' for v in (x, y)),
-                         f'{mins:.1f}') for t, b, m, x, y, mins in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    print()
-    for row in cells:
-        print('  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    header = ('task', 'backbone', 'metric', 'bar', 'as trained', 'folded', 'minutes', 'result')
+    cells = [header] + [(t, b, m, bar, *('-' if v is None else f'{v:.3f}' for v in (x, y)),
+                         f'{mins:.1f}', res) for t, b, m, bar, x, y, mins, res in rows]
+    total = (time.time() - begin) / 60
+    print(f'\n===== demo summary: {len(names) - len(failed)} of {len(names)} tasks passed, '
+          f'{total:.1f} min =====')
+    print_table(cells)
+    os.makedirs(args.work_dir, exist_ok=True)
+    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
+        json.dump(dict(tasks=summary, minutes=total, seed=args.seed, epochs=args.epochs,
+                       smoke=args.smoke, machine=finish(machine)), f, indent=2)
     if failed:
-        sys.exit('demo failed:\n  ' + '\n  '.join(failed))
+        print()
+        for name, problems, details in failed:
+            print(f'{name} failed: ' + '\n  '.join(problems))
+            if details:
+                print('  per class, as trained:\n    ' + '\n    '.join(details))
+                print('  ' + ADVICE)
+        sys.exit(f'demo failed: {", ".join(n for n, _, _ in failed)} (see above)')
     print(f'\ndemo ok: {", ".join(names)} learned (every metric clears its bar), and the '
           'folded models score the same.')
 

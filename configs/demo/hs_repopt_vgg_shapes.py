@@ -36,7 +36,9 @@ val_dataloader = dict(
                  pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(type='Accuracy', topk=(1, ))
-test_evaluator = val_evaluator
+# the test also gives each class's recall, which tools/demo.py shows when a task did not learn
+test_evaluator = [val_evaluator,
+                  dict(type='SingleLabelMetric', items=('recall', ), average=None)]
 
 max_epochs = 4
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)

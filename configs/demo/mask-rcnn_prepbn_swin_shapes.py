@@ -111,7 +111,7 @@ train_dataloader = dict(persistent_workers=False, dataset=dict(pipeline=train_pi
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(metric=['bbox', 'segm'])
-test_evaluator = val_evaluator
+test_evaluator = dict(val_evaluator, classwise=True)  # per-class AP in the test log
 
 max_epochs = 8  # 400 iterations
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)

@@ -49,7 +49,7 @@ val_dataloader = dict(
                  data_prefix=dict(img='val/'), pipeline=test_pipeline))
 test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/val.json', metric='bbox')
-test_evaluator = val_evaluator
+test_evaluator = dict(val_evaluator, classwise=True)  # per-class AP in the test log
 
 max_epochs = 20
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
