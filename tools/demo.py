@@ -5,8 +5,9 @@ For every task (``--task``, default ``all``):
 1. generate its small data set under ``data/`` (seconds; kept for the next run);
 2. train its demo config (``configs/demo/``) from scratch with ``tools/train.py``;
 3. test the checkpoint with ``tools/test.py`` as trained, then with ``--reparam`` (folded, with
-   the latency table), and check that the model learned (the metric clears the task's bar)
-   and that folding leaves the metric unchanged.
+   the latency table; its predictions drawn on the test images in WORK_DIR/TASK/pictures/),
+   and check that the model learned (the metric clears the task's bar) and that folding leaves
+   the metric unchanged.
 
 task            model, data                      backbone         metric >= bar (default)
 retinanet       RetinaNet, COCO-format shapes    RePa-Swin        bbox mAP >= 0.3
@@ -209,7 +210,9 @@ def run_task(task: Task, config: str, step: Step, args) -> dict:
              *cfg_options(train + options))
     ckpt = last_checkpoint(step.work_dir)
     results = {}
-    for name, flags in (('trained', []), ('folded', ['--reparam'])):
+    # the folded model draws its predictions on the test images: the pictures the demo leaves
+    pictures = ['--show-dir', osp.join(step.work_dir, 'pictures')]
+    for name, flags in (('trained', []), ('folded', ['--reparam', *pictures])):
         out = osp.join(step.work_dir, f'metrics_{name}.json')
         step.run(f'test {name}', osp.join(ROOT, 'tools', 'test.py'), config, ckpt,
                  '--work-dir', step.work_dir, '--dump-metrics', out, *flags,
