@@ -18,6 +18,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated as an API
 from .checkpoint import allow_mmengine_checkpoints, install_restricted_loader  # noqa: E402
 from .fold import FoldError, FoldReport, fold_model, reparameterize  # noqa: E402
 from .version import __version__  # noqa: E402
+from .config_checks import install_excepthook  # noqa: E402
 
 from . import layers  # noqa: F401,E402  (registers)
 from . import backbones  # noqa: F401,E402
@@ -26,6 +27,7 @@ from . import engine  # noqa: F401,E402
 
 allow_mmengine_checkpoints()
 install_restricted_loader()
+install_excepthook()  # mmdet's own tools: our errors as one line, not a traceback
 
 __all__ = [
     '__version__', 'reparameterize', 'fold_model', 'FoldReport', 'FoldError',

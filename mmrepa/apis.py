@@ -20,6 +20,7 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
+from .config_checks import check_checkpoint_fit, check_types
 from .errors import CheckpointError, ConfigError
 from .fold import FoldError, reparameterize
 
@@ -76,13 +77,15 @@ def check_classifier(cfg: Config) -> None:
 
 
 def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
-    """``Config.fromfile`` + ``--cfg-options`` + :func:`check_custom_imports` and
-    :func:`check_classifier`."""
+    """``Config.fromfile`` + ``--cfg-options`` + :func:`check_custom_imports`,
+    :func:`check_classifier` and :func:`mmrepa.config_checks.check_types` (every model type
+    registered, else "did you mean")."""
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_custom_imports(cfg)
     check_classifier(cfg)
+    check_types(cfg)
     return cfg
 
 
@@ -293,6 +296,9 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
     registry = importlib.import_module(f"{cfg.get('default_scope', 'mmengine')}.registry")
     loaded = None
     if checkpoint:
+        if isinstance(getattr(model, 'backbone', None), nn.Module) and osp.isfile(checkpoint):
+            # another model's checkpoint: one line, not mmengine's lists of keys
+            check_checkpoint_fit(model.backbone, checkpoint, 'checkpoint')
         loaded = load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
     model.eval()
     if reparam:

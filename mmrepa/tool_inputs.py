@@ -1,16 +1,23 @@
-"""Check, before anything is built, that the files a tool will read exist.
+"""Check, before anything is built, that the files a tool will read exist and fit the config.
 
 A newcomer's first run usually lacks the data set or the ImageNet weights; without this check it
 ends in a long traceback from deep inside pycocotools or the checkpoint loader, after the model
-and the data loaders were built. ``check_inputs`` names every missing path at once instead.
+and the data loaders were built. ``check_inputs`` names every missing path at once instead, then
+checks the model (:func:`mmrepa.config_checks.check_model`) and the class filter of COCO-format
+data sets (:func:`class_filter_problems`).
 """
+import difflib
+import json
 import os.path as osp
 import re
+import sys
 from typing import Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from mmengine.config import Config
 from mmengine.fileio import join_path
 from mmengine.utils import is_abs
+
+from .errors import ConfigError
 
 README_SECTION = 'README.md "Data and checkpoints"'
 
@@ -102,6 +109,87 @@ def _scales_paths(model) -> Iterator[Tuple[str, str, str]]:
         yield ('Hyper-Search scales checkpoint', 'model.backbone.scales', backbone['scales'])
 
 
+def _coco_datasets(ds, key: str) -> Iterator[Tuple[str, dict]]:
+    """(key, config) of the data sets under ``ds`` (wrappers followed) that are mmdet
+    ``CocoDataset``s or subclasses (LVIS, Objects365, ...)."""
+    if not isinstance(ds, dict):
+        return
+    if isinstance(ds.get('dataset'), dict):
+        yield from _coco_datasets(ds['dataset'], f'{key}.dataset')
+    for i, sub in enumerate(ds.get('datasets') or []):
+        yield from _coco_datasets(sub, f'{key}.datasets.{i}')
+    if 'mmdet' not in sys.modules:  # not a detection config: no need to import it
+        return
+    try:
+        from mmdet.datasets import CocoDataset
+        from mmdet.registry import DATASETS
+        cls = DATASETS.get(ds.get('type') or '')
+    except Exception:  # noqa: BLE001  a type mmdet lacks: the build will say so
+        return
+    if isinstance(cls, type) and issubclass(cls, CocoDataset):
+        yield key, ds
+
+
+def _category_names(path: str) -> Optional[List[str]]:
+    """The category names of a COCO annotation file, in its order. Reads the file once but
+    decodes its ``categories`` only (COCO's train set is 450 MB of JSON)."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    start = data.rfind(b'"categories"')
+    try:
+        text = data[data.index(b':', start) + 1:].decode('utf-8').lstrip()
+        categories, _ = json.JSONDecoder().raw_decode(text)
+        return [c['name'] for c in categories]
+    except (ValueError, TypeError, KeyError):  # no such key, or not at the top level
+        categories = json.loads(data).get('categories')
+        return [c['name'] for c in categories] if isinstance(categories, list) else None
+
+
+def _class_problem(classes: Sequence[str], names: List[str], key: str, path: str
+                   ) -> Optional[str]:
+    """mmdet's CocoDataset keeps the file's categories named in ``classes`` and numbers them
+    in the file's order: absent names empty the data set or shift the labels, another order
+    swaps the names of the labels."""
+    absent = [c for c in classes if c not in names]
+    option = f'{key}.metainfo.classes'
+    if len(absent) == len(classes):
+        return (f'{option} {tuple(classes)} names none of the {len(names)} categories of '
+                f'{path} ({", ".join(names[:12])}): the data set would be empty; use names '
+                'from the annotation file')
+    if absent:
+        hints = [f'{c!r} -> {difflib.get_close_matches(c, names, n=1)[0]!r}' for c in absent
+                 if difflib.get_close_matches(c, names, n=1)]
+        return (f'{option}: {", ".join(map(repr, absent))} not among the categories of {path}, '
+                'so the labels after it would shift' + (f' (did you mean {", ".join(hints)}?)'
+                                                         if hints else ''))
+    kept = [n for n in names if n in classes]
+    if kept != list(classes):
+        return (f'{option}: mmdet numbers the labels in the annotation file\'s order, so the '
+                f'names would be swapped: give them as {tuple(kept)}')
+    return None
+
+
+def class_filter_problems(cfg: Config, splits: Sequence[str]) -> List[str]:
+    """One line per COCO-format data set of ``splits`` whose ``metainfo.classes`` does not fit
+    its (local, existing) annotation file; see :func:`_class_problem`."""
+    problems = []
+    for split in splits:
+        if not _split_configured(cfg, split):
+            continue
+        root = cfg[f'{split}_dataloader'].get('dataset')
+        for key, ds in _coco_datasets(root, f'{split}_dataloader.dataset'):
+            classes = (ds.get('metainfo') or {}).get('classes')
+            path = next((p for what, _, p in _dataset_paths(ds, key, split)
+                         if what.endswith('annotation file')), None)
+            if not classes or not path or not osp.isfile(path):
+                continue
+            names = _category_names(path)
+            problem = names is not None and _class_problem(list(classes), names, key, path)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
 def _split_configured(cfg: Config, split: str) -> bool:
     if not cfg.get(f'{split}_dataloader'):
         return False
@@ -149,10 +237,15 @@ def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: boo
 
 
 def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
-    """:func:`find_missing_inputs`; if anything is missing, exit with one line per path.
+    """:func:`find_missing_inputs`; if anything is missing, exit with one line per path. Then
+    :func:`class_filter_problems` and :func:`mmrepa.config_checks.check_model` (the backbone
+    built alone, ``checkpoints`` loaded into it): what the Runner would otherwise find after
+    printing its environment and config.
 
     Raises ``SystemExit`` (status 1, message on stderr, no traceback) naming each missing path,
-    the config key it comes from and the README section that says how to get it.
+    the config key it comes from and the README section that says how to get it;
+    :class:`~mmrepa.errors.ConfigError` or :class:`~mmrepa.errors.CheckpointError` (one line per
+    problem) for the rest.
     """
     missing = find_missing_inputs(cfg, **kwargs)
     if missing:
@@ -160,3 +253,24 @@ def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
         header = (f'{tool}: {count} of {cfg.filename} missing, nothing was built (point to '
                   'another path with --cfg-options KEY=PATH):')
         raise SystemExit('\n'.join([header] + [str(m) for m in missing]))
+    problems = class_filter_problems(cfg, kwargs.get('splits', ()))
+    if problems:
+        raise ConfigError('\n'.join(problems))
+    from .config_checks import check_model
+    check_model(cfg, kwargs.get('checkpoints', ()))
+
+
+def read_image(tool: str, path: str):
+    """The image file ``path`` as an RGB array. A file that is missing or not an image stops
+    the tool with one line naming it, before the model is built (cv2 would fail later, deep
+    in the test pipeline, with a traceback)."""
+    import mmcv
+    try:
+        image = mmcv.imread(path)
+    except OSError as err:  # missing, a directory, unreadable
+        why = 'no such file' if isinstance(err, FileNotFoundError) else err.strerror or err
+        raise SystemExit(f'{tool}: cannot read image {path}: {why}') from None
+    if image is None:
+        raise SystemExit(f'{tool}: cannot read image {path}: not an image file (cv2/mmcv '
+                         'could not decode it)')
+    return mmcv.bgr2rgb(image)

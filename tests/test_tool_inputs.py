@@ -10,6 +10,7 @@ import torch
 from mmengine.config import Config
 from mmengine.dataset import BaseDataset
 
+from mmrepa.errors import CheckpointError
 from mmrepa.tool_inputs import (README_SECTION, MissingInput, check_inputs,
                                 find_missing_inputs)
 
@@ -101,7 +102,11 @@ def test_nothing_is_missing_when_the_files_exist(tmp_path):
     kwargs = dict(splits=('train', 'val', 'test'), pretrained=True,
                   checkpoints=[('checkpoint to test', 'CHECKPOINT argument', weights)])
     assert find_missing_inputs(cfg, **kwargs) == []
-    check_inputs(cfg, 'tool', **kwargs)  # does not exit
+    # no exit for missing files; then the model checks load the CHECKPOINT into the backbone,
+    # and this stand-in (an empty state dict) is no checkpoint of it
+    with pytest.raises(CheckpointError, match=r'weights\.pth \(CHECKPOINT argument\) holds no '
+                       'weights of this RePaSwin backbone'):
+        check_inputs(cfg, 'tool', **kwargs)
 
 
 def test_each_missing_path_is_named_once_with_its_config_key(tmp_path):

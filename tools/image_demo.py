@@ -150,8 +150,8 @@ def main(argv=None):
 def draw_predictions(model, visualizer, path: str, out_file: str, score_thr: float) -> None:
     """Run the model on the image at ``path``, print what it predicts, draw it to
     ``out_file``."""
-    import mmcv
-    image = mmcv.imread(path, channel_order='rgb')
+    from mmrepa.tool_inputs import read_image
+    image = read_image('tools/image_demo.py', path)  # not an image: one line, no cv2 traceback
     classes = model.dataset_meta['classes']
     if model.cfg.get('default_scope') == 'mmdet':
         from mmdet.apis import inference_detector

@@ -106,11 +106,13 @@ def main(argv=None):
 
     import copy
 
-    import mmcv
     import torch
 
     import mmrepa
     from mmrepa.apis import init_model, one_line_errors
+    from mmrepa.tool_inputs import read_image
+
+    image = read_image('tools/vis_features.py', args.image)  # before the model is built
 
     with one_line_errors('tools/vis_features.py'):
         model = init_model(args.config, args.checkpoint, args.device, args.cfg_options)
@@ -126,7 +128,7 @@ def main(argv=None):
               f'{row["max_abs"]:.4g}, max abs diff {row["max_diff"]:.3e}, relative '
               f'{row["rel_diff"]:.3e}')
     os.makedirs(osp.dirname(osp.abspath(args.out_file)), exist_ok=True)
-    draw(args.out_file, mmcv.imread(args.image, channel_order='rgb'), inputs, before, after,
+    draw(args.out_file, image, inputs, before, after,
          rows, f'{type(model.backbone).__name__} of {osp.basename(args.config)} '
          f'({osp.basename(args.checkpoint)}) before and after folding')
     print(f'wrote {args.out_file}')

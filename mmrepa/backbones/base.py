@@ -9,6 +9,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import (LoadReport, check_shapes, load_state_dict_checked,
                                   read_state_dict)
+from ..errors import ConfigError
 from ..fold import Reparameterizable, check_eval_mode, fold_submodules
 from ..registry import build_norm_layer
 
@@ -22,11 +23,11 @@ def lookup_arch(arch: Union[str, dict], settings: Dict[str, dict], required: Seq
         name = arch.lower()
         name = by_lower.get((aliases or {}).get(name, name))
         if name is None:
-            raise ValueError(f'unknown arch {arch!r}; choose one of {sorted(settings)} or give '
-                             f'dict({", ".join(f"{k}=..." for k in required)})')
+            raise ConfigError(f'unknown arch {arch!r}; choose one of {sorted(settings)} or give '
+                              f'dict({", ".join(f"{k}=..." for k in required)})')
         return dict(settings[name])
     if not isinstance(arch, dict) or not set(required) <= set(arch):
-        raise ValueError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
+        raise ConfigError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
     return dict(arch)
 
 
@@ -49,10 +50,10 @@ class DenseBackbone(Reparameterizable, BaseModule):
         self.out_indices = tuple(out_indices)
         for i in self.out_indices:
             if not 0 <= i < num_stages:
-                raise ValueError(f'out_indices {self.out_indices}: each index must be in '
-                                 f'[0, {num_stages - 1}]')
+                raise ConfigError(f'out_indices {self.out_indices}: each index must be in '
+                                  f'[0, {num_stages - 1}]')
         if not -1 <= frozen_stages <= num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
+            raise ConfigError(f'frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.deploy = deploy

@@ -183,24 +183,24 @@ class DepthRepViT(DenseBackbone):
         self.num_branches = resolve_branches(self.num_layers, num_branches, depth)
         self.depth = self.num_layers // self.num_branches
         if out_type not in OUT_TYPES:
-            raise ValueError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
+            raise ConfigError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
         if out_type == 'cls' and not with_cls_token:
-            raise ValueError("out_type='cls' needs with_cls_token=True")
+            raise ConfigError("out_type='cls' needs with_cls_token=True")
         if window_size is not None and with_cls_token:
-            raise ValueError('windowed attention (window_size) works on the patch grid only: '
-                             'set with_cls_token=False (ViTDet drops the class token)')
+            raise ConfigError('windowed attention (window_size) works on the patch grid only: '
+                              'set with_cls_token=False (ViTDet drops the class token)')
         out_indices = [out_indices] if isinstance(out_indices, int) else list(out_indices)
         out_indices = [i + self.depth if i < 0 else i for i in out_indices]
         self._check_options(self.depth, out_indices, frozen_stages, norm_eval, deploy)
         global_blocks = sorted({i + self.depth if i < 0 else i for i in global_blocks})
         if any(not 0 <= i < self.depth for i in global_blocks):
-            raise ValueError(f'global_blocks {global_blocks}: each index must be in '
-                             f'[0, {self.depth - 1}] (the deployed depth is {self.depth})')
+            raise ConfigError(f'global_blocks {global_blocks}: each index must be in '
+                              f'[0, {self.depth - 1}] (the deployed depth is {self.depth})')
         if diversity_loss_weight < 0:
-            raise ValueError(f'diversity_loss_weight must be >= 0, got {diversity_loss_weight}')
+            raise ConfigError(f'diversity_loss_weight must be >= 0, got {diversity_loss_weight}')
         if diversity_loss_weight > 0 and window_size is not None:
-            raise ValueError('the diversity loss is a classification regularizer (SPEC §7.3); '
-                             'set diversity_loss_weight=0 with windowed attention')
+            raise ConfigError('the diversity loss is a classification regularizer (SPEC §7.3); '
+                              'set diversity_loss_weight=0 with windowed attention')
         self.in_channels, self.patch_size = in_channels, patch_size
         self.out_type, self.with_cls_token = out_type, with_cls_token
         self.num_extra_tokens = int(with_cls_token)

@@ -17,6 +17,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
+from ..errors import ConfigError
 from ..fold import Reparameterizable, check_fold_state
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, checkpoint_forward, num_active_channels)
@@ -42,16 +43,16 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     arch = lookup_arch(arch, ARCH_SETTINGS, ('depths', 'dims'))
     if set(arch) != {'depths', 'dims'} or len(arch['depths']) != NUM_STAGES \
             or len(arch['dims']) != NUM_STAGES:
-        raise ValueError(f'a custom arch needs {NUM_STAGES} depths and {NUM_STAGES} dims (one '
-                         f'per stage) and no other key, got {arch}')
+        raise ConfigError(f'a custom arch needs {NUM_STAGES} depths and {NUM_STAGES} dims (one '
+                          f'per stage) and no other key, got {arch}')
     return dict(depths=tuple(arch['depths']), dims=tuple(arch['dims']))
 
 
 def _per_stage(value, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != NUM_STAGES:
-            raise ValueError(f'{name} has {len(value)} entries but the model has {NUM_STAGES} '
-                             'stages; give one value or one per stage')
+            raise ConfigError(f'{name} has {len(value)} entries but the model has {NUM_STAGES} '
+                              'stages; give one value or one per stage')
         return list(value)
     return [value] * NUM_STAGES
 
@@ -232,8 +233,8 @@ class MetaFormer(DenseBackbone):
         self.idle_ratios = _per_stage(idle_ratio, 'idle_ratio')
         for r in self.idle_ratios:
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
-                raise ValueError(f'idle_ratio must be in [0, 1] (one value or one per stage; 0 is '
-                                 f'the published model), got {idle_ratio}')
+                raise ConfigError(f'idle_ratio must be in [0, 1] (one value or one per stage; 0 is '
+                                  f'the published model), got {idle_ratio}')
 
         self.stem = Stem(in_channels, self.num_features[0])
         # linear from 0 to drop_path_rate over all blocks (plain Python: works on any device)
@@ -285,13 +286,13 @@ def _window_sizes(window_size, token_mixers) -> list:
     for i, (size, mixer) in enumerate(zip(sizes, token_mixers)):
         if mixer != 'attn':
             if isinstance(window_size, (list, tuple)) and size is not None:
-                raise ValueError(f'window_size {tuple(window_size)}: stage {i + 1} has no '
-                                 f'attention (SepConv); give None there')
+                raise ConfigError(f'window_size {tuple(window_size)}: stage {i + 1} has no '
+                                  f'attention (SepConv); give None there')
             sizes[i] = None
         elif size is not None and (isinstance(size, bool) or not isinstance(size, int) or
                                    size < 1):
-            raise ValueError(f'window_size must be None (global attention) or an integer >= 1, '
-                             f'one value or one per stage; got {window_size!r}')
+            raise ConfigError(f'window_size must be None (global attention) or an integer >= 1, '
+                              f'one value or one per stage; got {window_size!r}')
     return sizes
 
 
@@ -299,17 +300,17 @@ def _global_blocks(global_blocks, depths, token_mixers) -> list:
     if global_blocks is None:
         return [()] * NUM_STAGES
     if not isinstance(global_blocks, (list, tuple)) or len(global_blocks) != NUM_STAGES:
-        raise ValueError(f'global_blocks must give a sequence of block indices for each of the '
-                         f'{NUM_STAGES} stages, e.g. ((), (), (8, ), ()), got {global_blocks!r}')
+        raise ConfigError(f'global_blocks must give a sequence of block indices for each of the '
+                          f'{NUM_STAGES} stages, e.g. ((), (), (8, ), ()), got {global_blocks!r}')
     for i, indices in enumerate(global_blocks):
         indices = tuple(indices or ())
         if indices and token_mixers[i] != 'attn':
-            raise ValueError(f'global_blocks: stage {i + 1} has no attention (SepConv); give () '
-                             'there')
+            raise ConfigError(f'global_blocks: stage {i + 1} has no attention (SepConv); give () '
+                              'there')
         for j in indices:
             if not 0 <= j < depths[i]:
-                raise ValueError(f'global_blocks: block {j} does not exist in stage {i + 1}, '
-                                 f'which has {depths[i]} blocks (indices 0..{depths[i] - 1})')
+                raise ConfigError(f'global_blocks: block {j} does not exist in stage {i + 1}, '
+                                  f'which has {depths[i]} blocks (indices 0..{depths[i] - 1})')
     return [tuple(ix or ()) for ix in global_blocks]
 
 

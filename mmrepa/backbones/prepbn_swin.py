@@ -13,6 +13,7 @@ from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
+from ..errors import ConfigError
 from ..fold import is_affine_norm
 from ..layers import PRepBN
 from ..registry import build_norm_layer
@@ -65,11 +66,11 @@ class PRepBNSwin(RePaSwin):
                  **kwargs):
         for key in ('norm_cfg', 'ffn_norm'):
             if key in kwargs:
-                raise ValueError(f'PRepBNSwin sets {key} itself (every norm inside the network is '
-                                 f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin')
+                raise ConfigError(f'PRepBNSwin sets {key} itself (every norm inside the network is '
+                                  f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin')
         if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
-            raise ValueError(f'prepbn_cfg must build a norm that is affine at inference '
-                             f"(PRepBN, RepBN), got {prepbn_cfg}")
+            raise ConfigError(f'prepbn_cfg must build a norm that is affine at inference '
+                              f"(PRepBN, RepBN), got {prepbn_cfg}")
         # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
         super().__init__(arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg,
                          **kwargs)
@@ -94,7 +95,7 @@ class PRepBNSwin(RePaSwin):
         if self.deploy or any('.repbn.' in k for k in state_dict):
             return ['*.lam']
         if self.norm_eval:
-            raise ValueError(
+            raise ConfigError(
                 f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
                 'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
                 'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '

@@ -15,6 +15,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
+from ..errors import ConfigError
 from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       channels_last_norm, checkpoint_forward, shifted_window_mask)
@@ -34,8 +35,8 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'tiny' | 'small' | 'base'`` (or t/s/b) or an explicit dict -> arch settings."""
     arch = lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'depths', 'num_heads'), ARCH_ALIASES)
     if len(arch['depths']) != len(arch['num_heads']):
-        raise ValueError(f"arch depths {arch['depths']} and num_heads {arch['num_heads']} "
-                         'must have one entry per stage')
+        raise ConfigError(f"arch depths {arch['depths']} and num_heads {arch['num_heads']} "
+                          'must have one entry per stage')
     return arch
 
 
@@ -58,7 +59,7 @@ def _arch_with_overrides(arch: Union[str, dict, None], overrides: dict) -> dict:
     settings = resolve_arch(arch)
     clash = {k: v for k, v in given.items() if tuple(_as_list(v)) != tuple(_as_list(settings[k]))}
     if clash:
-        raise ValueError(
+        raise ConfigError(
             f'arch={arch!r} has {", ".join(f"{k}={settings[k]}" for k in clash)} but '
             f'{", ".join(f"{k}={v}" for k, v in clash.items())} was also given (mmdet '
             'SwinTransformer arguments, perhaps inherited from a base config): drop one of '
@@ -77,19 +78,19 @@ def _translate_mmdet_swin_args(args: dict, patch_size: int,
     if unknown:
         raise TypeError(f'RePaSwin got unexpected arguments {sorted(unknown)}')
     if args.get('use_abs_pos_embed'):
-        raise ValueError('RePaSwin has no absolute position embedding (use_abs_pos_embed=True); '
-                         'it uses relative position bias only, as mmdet\'s Swin by default')
+        raise ConfigError('RePaSwin has no absolute position embedding (use_abs_pos_embed=True); '
+                          'it uses relative position bias only, as mmdet\'s Swin by default')
     strides = args.get('strides')
     if strides is not None and tuple(strides) != (patch_size, ) + (2, ) * (len(strides) - 1):
-        raise ValueError(f'strides={tuple(strides)}: RePaSwin embeds patches with stride '
-                         f'patch_size (={patch_size}) and merges 2x2 patches between stages; '
-                         'set patch_size instead')
+        raise ConfigError(f'strides={tuple(strides)}: RePaSwin embeds patches with stride '
+                          f'patch_size (={patch_size}) and merges 2x2 patches between stages; '
+                          'set patch_size instead')
     # pretrain_img_size only sizes mmdet's absolute position embedding, which is off; the
     # checkpoint layout (convert_weights) is recognised from the keys.
     pretrained = args.get('pretrained')
     if pretrained is not None:
         if init_cfg is not None:
-            raise ValueError('give the checkpoint either as init_cfg or as pretrained, not both')
+            raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
         warnings.warn('pretrained is deprecated (as in mmdet): use '
                       "init_cfg=dict(type='Pretrained', checkpoint=...)")
         init_cfg = dict(type='Pretrained', checkpoint=pretrained)
@@ -100,8 +101,8 @@ def per_stage(value, num_stages: int, name: str) -> list:
     """A scalar for every stage, or a sequence with one value per stage."""
     if isinstance(value, (list, tuple)):
         if len(value) != num_stages:
-            raise ValueError(f'{name} has {len(value)} entries but the arch has {num_stages} '
-                             f'stages; give one value or one per stage')
+            raise ConfigError(f'{name} has {len(value)} entries but the arch has {num_stages} '
+                              f'stages; give one value or one per stage')
         return list(value)
     return [value] * num_stages
 
@@ -290,24 +291,24 @@ class RePaSwin(DenseBackbone):
         depths, num_heads = arch['depths'], arch['num_heads']
         self.num_features = [self.embed_dims * 2**i for i in range(len(depths))]
         if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-            raise ValueError(f'window_size must be an integer >= 1, got {window_size!r}')
+            raise ConfigError(f'window_size must be an integer >= 1, got {window_size!r}')
         self.in_channels = in_channels
         self.patch_size = patch_size
         self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)
         idle_ratios = per_stage(idle_ratio, self.num_stages, 'idle_ratio')
         for r in idle_ratios:
             if not 0.0 <= r <= 1.0:
-                raise ValueError(f'idle_ratio must be in [0, 1] (one value or one per stage), '
-                                 f'got {idle_ratio}')
+                raise ConfigError(f'idle_ratio must be in [0, 1] (one value or one per stage), '
+                                  f'got {idle_ratio}')
         if ffn_norm not in ('BN', 'LN'):
-            raise ValueError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
+            raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
         ffn_norms = ((dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else
                      (norm_cfg, None))
         self.attn_types = attn_types or 'S' * self.num_stages
         if len(self.attn_types) != self.num_stages or set(self.attn_types) - set('SL'):
-            raise ValueError(f"attn_types must have one letter per stage ({self.num_stages}), "
-                             f"'S' (softmax window attention) or 'L' (simplified linear "
-                             f"attention), e.g. 'LLSS'; got {attn_types!r}")
+            raise ConfigError(f"attn_types must have one letter per stage ({self.num_stages}), "
+                              f"'S' (softmax window attention) or 'L' (simplified linear "
+                              f"attention), e.g. 'LLSS'; got {attn_types!r}")
         window_sizes = [window_size] * self.num_stages
         if 'L' in self.attn_types:
             linear = per_stage(linear_window_sizes, self.num_stages, 'linear_window_sizes')

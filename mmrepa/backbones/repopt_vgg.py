@@ -35,7 +35,7 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'B1' | 'B2' | 'L1' | 'L2'`` or ``dict(depths=(4 ints), widths=(4 ints), stem_width=)``."""
     arch = lookup_arch(arch, ARCH_SETTINGS, ('depths', 'widths', 'stem_width'))
     if len(arch['depths']) != 4 or len(arch['widths']) != 4:
-        raise ValueError(f'arch dict needs depths and widths of 4 stages, got {arch}')
+        raise ConfigError(f'arch dict needs depths and widths of 4 stages, got {arch}')
     return arch
 
 
@@ -97,13 +97,13 @@ class RepOptVGG(DenseBackbone):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if mode not in MODES:
-            raise ValueError(f'mode must be one of {sorted(MODES)}, got {mode!r}')
+            raise ConfigError(f'mode must be one of {sorted(MODES)}, got {mode!r}')
         if identity_init not in ('searched', 'one'):
-            raise ValueError(f"identity_init must be 'searched' or 'one', got {identity_init!r}")
+            raise ConfigError(f"identity_init must be 'searched' or 'one', got {identity_init!r}")
         if kernel_init not in ('torch', 'msra'):
-            raise ValueError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
+            raise ConfigError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
         if len(strides) != 5 or set(strides) - {1, 2}:
-            raise ValueError(f'strides: 5 values of 1 or 2 (stem, stages 1-4), got {strides}')
+            raise ConfigError(f'strides: 5 values of 1 or 2 (stem, stages 1-4), got {strides}')
         self.arch = resolve_arch(arch)
         self.mode, self.identity_init, self.kernel_init = mode, identity_init, kernel_init
         self.in_channels, self.with_cp = in_channels, with_cp

@@ -9,6 +9,7 @@ from mmengine.model import BaseModule
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..errors import ConfigError
 from ..fold import (Reparameterizable, check_fold_state, fold_dtype, is_affine_norm,
                     norm_affine)
 from ..registry import MODELS, build_activation_layer, build_norm_layer
@@ -18,7 +19,7 @@ from .activations import bare_activation, has_output_affine, output_affine
 def num_active_channels(hidden_channels: int, idle_ratio: float) -> int:
     """``ceil(hidden * (1 - idle_ratio))``, robust to float noise (0.1 * 40 is not 4.0)."""
     if not 0.0 <= idle_ratio <= 1.0:
-        raise ValueError(f'idle_ratio must be in [0, 1], got {idle_ratio}')
+        raise ConfigError(f'idle_ratio must be in [0, 1], got {idle_ratio}')
     return min(hidden_channels, math.ceil(hidden_channels * (1.0 - idle_ratio) - 1e-9))
 
 

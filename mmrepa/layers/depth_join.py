@@ -30,6 +30,7 @@ from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
+from ..errors import ConfigError
 from ..fold import FoldError, Reparameterizable, check_fold_state, fold_dtype
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .window_attention import window_partition, window_reverse
@@ -318,14 +319,14 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
                  deploy: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if join not in JOIN_MODES:
-            raise ValueError(f"join must be 'logits' (the paper's network) or 'qkv' (mmrepa's "
-                             f'standard-shape extension), got {join!r}')
+            raise ConfigError(f"join must be 'logits' (the paper's network) or 'qkv' (mmrepa's "
+                              f'standard-shape extension), got {join!r}')
         if isinstance(num_branches, bool) or not isinstance(num_branches, int) \
                 or num_branches < 1:
-            raise ValueError(f'num_branches must be an integer >= 1, got {num_branches!r}')
+            raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
         if embed_dims % num_heads:
-            raise ValueError(f'embed_dims ({embed_dims}) must be a multiple of num_heads '
-                             f'({num_heads})')
+            raise ConfigError(f'embed_dims ({embed_dims}) must be a multiple of num_heads '
+                              f'({num_heads})')
         self.embed_dims, self.num_heads, self.num_branches = embed_dims, num_heads, num_branches
         self.head_dim = embed_dims // num_heads  # of one branch
         self.join = join
@@ -538,7 +539,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         super().__init__(init_cfg=init_cfg)
         if isinstance(num_branches, bool) or not isinstance(num_branches, int) \
                 or num_branches < 1:
-            raise ValueError(f'num_branches must be an integer >= 1, got {num_branches!r}')
+            raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
         self.embed_dims, self.num_branches = embed_dims, num_branches
         self.hidden_dims = int(round(mlp_ratio * embed_dims))
         self.act = build_activation_layer(act_cfg)
@@ -693,8 +694,8 @@ class JoinedBlock(Reparameterizable, BaseModule):
         super().__init__(init_cfg=init_cfg)
         if window_size is not None and (isinstance(window_size, bool) or
                                         not isinstance(window_size, int) or window_size < 1):
-            raise ValueError(f'window_size must be an integer >= 1 or None (global attention), '
-                             f'got {window_size!r}')
+            raise ConfigError(f'window_size must be an integer >= 1 or None (global attention), '
+                              f'got {window_size!r}')
         self.embed_dims, self.num_branches, self.join = embed_dims, num_branches, join
         self.window_size = window_size
         self.deploy = deploy

@@ -6,6 +6,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from ..errors import ConfigError
+
 
 class SimplifiedLinearAttention(BaseModule):
     """Linear attention with a ReLU kernel and a depthwise-conv local term, per window.
@@ -40,10 +42,10 @@ class SimplifiedLinearAttention(BaseModule):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if embed_dims % num_heads:
-            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
-                             f'({num_heads})')
+            raise ConfigError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
+                              f'({num_heads})')
         if dwc_kernel_size % 2 == 0:
-            raise ValueError(f'dwc_kernel_size must be odd, got {dwc_kernel_size}')
+            raise ConfigError(f'dwc_kernel_size must be odd, got {dwc_kernel_size}')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = window_size

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..errors import ConfigError
 from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
@@ -125,9 +126,9 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
                         and s.padding == (0, 0) and self.adaptive_padding is not None
                         and self.adaptive_padding.padding == 'corner')
         if not self._is_2x2 and isinstance(self.norm, _BatchNorm):
-            raise ValueError('FoldablePatchMerging: a BatchNorm norm_cfg needs the 2x2, stride-2 '
-                             "merging with 'corner' padding (Swin's); use a LayerNorm, RepBN or "
-                             'PRepBN with other samplers')
+            raise ConfigError('FoldablePatchMerging: a BatchNorm norm_cfg needs the 2x2, stride-2 '
+                              "merging with 'corner' padding (Swin's); use a LayerNorm, RepBN or "
+                              'PRepBN with other samplers')
         if deploy:
             self._drop_foldable_norm()
 

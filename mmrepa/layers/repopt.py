@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from ..errors import ConfigError
 from ..fold import Reparameterizable, check_eval_mode
 from ..fold.arithmetic import batchnorm_affine, check_fold_state, fold_dtype
 from ..registry import MODELS
@@ -66,7 +67,7 @@ class _RepOptLayer(Reparameterizable, BaseModule):
                  deploy: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if stride not in (1, 2):
-            raise ValueError(f'stride must be 1 or 2, got {stride}')
+            raise ConfigError(f'stride must be 1 or 2, got {stride}')
         self.in_channels, self.out_channels, self.stride = in_channels, out_channels, stride
         # the identity branch exists only where x -> x has the output's shape
         self.has_identity = in_channels == out_channels and stride == 1

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
+from ..errors import ConfigError
 from ..fold import FoldError, Reparameterizable, fold_dtype
 from ..registry import MODELS, build_activation_layer
 from .activations import SquaredReLU, has_output_affine, output_affine
@@ -39,8 +40,8 @@ class SepConv(Reparameterizable, BaseModule):
                  deploy: bool = False, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if kernel_size % 2 != 1:
-            raise ValueError(f'SepConv kernel_size must be odd (same-size output), '
-                             f'got {kernel_size}')
+            raise ConfigError(f'SepConv kernel_size must be odd (same-size output), '
+                              f'got {kernel_size}')
         hidden = int(expansion_ratio * dim)
         self.deploy = deploy
         self.pwconv1 = nn.Linear(dim, hidden, bias=bias)

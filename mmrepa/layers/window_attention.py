@@ -15,6 +15,7 @@ from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
+from ..errors import ConfigError
 from .linear_attention import SimplifiedLinearAttention
 
 
@@ -106,8 +107,8 @@ class WindowMSA(BaseModule):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if embed_dims % num_heads:
-            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
-                             f'({num_heads})')
+            raise ConfigError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
+                              f'({num_heads})')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = window_size
@@ -186,7 +187,7 @@ class ShiftWindowMSA(BaseModule):
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         if not 0 <= shift_size < window_size:
-            raise ValueError(f'shift_size must be in [0, window_size={window_size}), '
+            raise ConfigError(f'shift_size must be in [0, window_size={window_size}), '
                              f'got {shift_size}')
         self.window_size = window_size
         self.shift_size = shift_size
@@ -198,7 +199,7 @@ class ShiftWindowMSA(BaseModule):
             self.w_msa = SimplifiedLinearAttention(embed_dims, num_heads, window_size, qkv_bias,
                                                    proj_drop_rate)
         else:
-            raise ValueError(f"attn_type must be 'S' (softmax) or 'L' (linear), got {attn_type!r}")
+            raise ConfigError(f"attn_type must be 'S' (softmax) or 'L' (linear), got {attn_type!r}")
         self.register_buffer('padded_qkv',
                              torch.zeros(3 * embed_dims) if norm_folded else None)
         self._layout_cache = None

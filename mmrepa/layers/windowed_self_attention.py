@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
+from ..errors import ConfigError
 from ..registry import MODELS
 from .window_attention import window_partition, window_reverse
 
@@ -42,8 +43,8 @@ class WindowedSelfAttention(BaseModule):
         super().__init__(init_cfg=init_cfg)
         if window_size is not None and (isinstance(window_size, bool) or
                                         not isinstance(window_size, int) or window_size < 1):
-            raise ValueError(f'window_size must be an integer >= 1 or None (global attention), '
-                             f'got {window_size!r}')
+            raise ConfigError(f'window_size must be an integer >= 1 or None (global attention), '
+                              f'got {window_size!r}')
         self.head_dim = head_dim
         self.num_heads = num_heads or max(1, embed_dims // head_dim)
         self.window_size = window_size

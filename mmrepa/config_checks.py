@@ -1,0 +1,291 @@
+"""The model checks a tool runs before it builds anything, and the last resort when it cannot.
+
+mmengine's Runner writes the environment and the whole config (~540 lines) before it builds the
+model, so a typo in a type, an unknown ``arch`` or a checkpoint of another model used to surface
+below all that, in a traceback. Our tools call :func:`check_types` (from
+:func:`mmrepa.apis.load_config`) and :func:`check_model` (from
+:func:`mmrepa.tool_inputs.check_inputs`) first, which raise :class:`~mmrepa.errors.ConfigError`
+or :class:`~mmrepa.errors.CheckpointError` with one line per problem.
+
+mmdet's, mmseg's and mmpretrain's own tools (``mim train mmdet CONFIG``) build our backbones
+inside their Runner, after the print-out; there :func:`install_excepthook` turns the errors whose
+cause is known into one line at the end instead of a traceback (see :func:`explain`).
+"""
+import copy
+import difflib
+import importlib
+import os
+import re
+import sys
+import traceback
+import warnings
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch.nn as nn
+from mmengine.config import Config
+from mmengine.registry import DefaultScope, Registry
+
+from .errors import CheckpointError, ConfigError
+
+# The registries a model config's ``type``s come from: modules and losses, assigners and coders
+# (mmdet's TASK_UTILS), init_cfg, and mmpretrain's batch augmentations.
+MODEL_REGISTRIES = ('MODELS', 'TASK_UTILS', 'WEIGHT_INITIALIZERS', 'BATCH_AUGMENTS')
+
+
+def config_scope(cfg: Config) -> str:
+    return cfg.get('default_scope') or 'mmengine'
+
+
+def model_registries(scope: str) -> List[Registry]:
+    """The scope's model registries, and mmrepa's layer registry (its norms and activations
+    resolve without the ``mmrepa.`` prefix inside our backbones)."""
+    from .registry import MODELS as LAYERS
+    module = importlib.import_module(f'{scope}.registry')
+    found = [getattr(module, name, None) for name in MODEL_REGISTRIES]
+    return [r for r in found if isinstance(r, Registry)] + [LAYERS]
+
+
+def _resolves(name: str, registries: Iterable[Registry]) -> bool:
+    for registry in registries:
+        try:
+            if registry.get(name) is not None:  # with its parents and 'scope.Name' prefixes
+                return True
+        except Exception:  # noqa: BLE001  mmengine's fallback import of dotted names
+            continue
+    # nms and RoI layers are looked up in mmcv.ops by name, not in a registry
+    ops = sys.modules.get('mmcv.ops')
+    return ops is not None and hasattr(ops, name)
+
+
+def _known_names(registries: Iterable[Registry]) -> Dict[str, str]:
+    """Every registered name, lower-cased -> as to write it in a config (other scopes' names
+    with their prefix: ``mmpretrain.ConvNeXt`` from mmdet)."""
+    names, roots = {}, []
+    for registry in registries:
+        node = registry
+        while node is not None:
+            names.update({n.lower(): n for n in node.module_dict if n.lower() not in names})
+            roots.append(node)
+            node = node.parent
+    for root in roots:
+        for scope, child in root.children.items():
+            for n in child.module_dict:
+                names.setdefault(n.lower(), f'{scope}.{n}')
+    return names
+
+
+def did_you_mean(name: str, registries: Iterable[Registry]) -> str:
+    """``"did you mean 'RePaSwin'?"`` for a type that does not resolve in ``registries`` (the
+    closest registered names, compared without case and scope prefix), or ``''``."""
+    names = _known_names(registries)
+    bare = name.rsplit('.', 1)[-1].lower()
+    close = difflib.get_close_matches(bare, list(names), n=3, cutoff=0.6)
+    best = difflib.SequenceMatcher(None, bare, close[0]).ratio() if close else 0
+    # the closest, and others as close (RePaSwn: RePaSwin, not also PRepBNSwin)
+    close = [c for c in close if difflib.SequenceMatcher(None, bare, c).ratio() > best - 0.03]
+    return 'did you mean ' + ' or '.join(repr(names[c]) for c in close) + '?' if close else ''
+
+
+def _typed_nodes(node, key: str, scope: str) -> Iterator[Tuple[str, str, str]]:
+    """(key, type, scope) of every dict with a string ``type`` under ``node``; ``_scope_``
+    switches the scope of its subtree, as mmengine's build does."""
+    if isinstance(node, dict):
+        scope = node.get('_scope_') or scope
+        if isinstance(node.get('type'), str):
+            yield f'{key}.type', node['type'], scope
+        for name, value in node.items():
+            yield from _typed_nodes(value, f'{key}.{name}', scope)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _typed_nodes(value, f'{key}.{i}', scope)
+
+
+def unknown_types(cfg: Config) -> List[str]:
+    """One line per ``type`` in ``cfg.model`` (and a top-level ``data_preprocessor``) that no
+    registry of its scope knows, with the closest registered names."""
+    problems = []
+    for part in ('model', 'data_preprocessor'):
+        for key, name, scope in _typed_nodes(cfg.get(part), part, config_scope(cfg)):
+            try:
+                registries = model_registries(scope)
+            except ImportError:  # a scope not installed: the tool says so when it builds
+                continue
+            if not _resolves(name, registries):
+                hint = did_you_mean(name, registries) or (
+                    'check the spelling, or add the package that registers it to custom_imports')
+                problems.append(f'{key}={name!r} is not a registered type in scope {scope!r}: '
+                                f'{hint}')
+    return problems
+
+
+def check_types(cfg: Config) -> None:
+    """Raise :class:`ConfigError`, one line per unknown model type (see :func:`unknown_types`)."""
+    problems = unknown_types(cfg)
+    if problems:
+        raise ConfigError('\n'.join(problems))
+
+
+def build_backbone(cfg: Config) -> Optional[nn.Module]:
+    """``cfg.model.backbone`` alone (without loading its ``init_cfg`` weights), or ``None`` if
+    the model has none: its constructor validates ``arch``, ``out_indices``, ratios, ... and
+    is cheap next to the Runner. A :class:`ConfigError` (or a ``TypeError``: an unknown
+    argument) comes out as one line naming ``model.backbone``."""
+    backbone = (cfg.get('model') or {}).get('backbone')
+    if not isinstance(backbone, dict) or not isinstance(backbone.get('type'), str):
+        return None
+    backbone = copy.deepcopy(backbone)
+    backbone.pop('init_cfg', None)
+    scope = config_scope(cfg)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    # the Runner builds it again and warns then; SyncBN builds without a process group
+    with DefaultScope.overwrite_default_scope(scope), warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        try:
+            return registry.build(backbone)
+        except (ConfigError, TypeError) as err:
+            raise ConfigError(f"model.backbone ({backbone['type']}): {err}") from None
+
+
+def _checkpoint_weights(path: str) -> dict:
+    """The weights of a model checkpoint (any layout :data:`~mmrepa.checkpoint.loading.
+    WEIGHT_KEYS` lists), read without running its code and without a log line."""
+    from .checkpoint import load_checkpoint_file
+    from .checkpoint.loading import WEIGHT_KEYS
+    ckpt = load_checkpoint_file(path)
+    if isinstance(ckpt, dict):
+        ckpt = next((ckpt[k] for k in WEIGHT_KEYS if isinstance(ckpt.get(k), dict)), ckpt)
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f'{path} holds a {type(ckpt).__name__}, not a checkpoint dict')
+    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in ckpt.items()}
+
+
+def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
+    """Load the backbone's part of the model checkpoint ``path`` into ``backbone`` as the
+    Runner's ``load_from`` will (mmengine's non-strict loader, so our backbones' own checks
+    run: shapes, folded or not, layouts); raises :class:`CheckpointError` for a checkpoint of
+    another model. ``where``: the option it comes from, for the message."""
+    from mmengine.runner.checkpoint import load_state_dict
+    state = _checkpoint_weights(path)
+    own = {k: v for k, v in state.items() if k.startswith('backbone.')}
+    model = nn.ModuleDict(dict(backbone=backbone))  # the messages name 'backbone.<key>'
+    if not set(own) & set(model.state_dict()):
+        found = sorted({k.split('.')[0] for k in state})[:8]
+        raise CheckpointError(
+            f'{path} ({where}) holds no weights of this {type(backbone).__name__} backbone '
+            f'(its top-level names: {", ".join(found) or "none"}): give a checkpoint of this '
+            "config's model, as tools/train.py saves it")
+    try:
+        load_state_dict(model, own, strict=False, logger='silent')
+    except CheckpointError as err:
+        raise CheckpointError(f'{path} ({where}): {err}') from None
+
+
+def check_model(cfg: Config, checkpoints: Iterable[Tuple[str, str, Optional[str]]] = ()
+                ) -> None:
+    """:func:`check_types`, :func:`build_backbone` and, for each local ``(what, where it comes
+    from, path)`` of ``checkpoints`` (whole-model checkpoints: ``load_from``, a tool's
+    CHECKPOINT), :func:`check_checkpoint_fit`. Raises on the first problem."""
+    from .tool_inputs import is_remote
+    check_types(cfg)
+    backbone = build_backbone(cfg)
+    for _, where, path in checkpoints:
+        local = os.path.expanduser(path or '')
+        if backbone is not None and path and not is_remote(path) and os.path.isfile(local):
+            check_checkpoint_fit(backbone, local, where)
+
+
+# ----------------------------------------------- the last resort, in other projects' tools
+
+_REGISTRY_KEY_ERROR = re.compile(r'(\S+) is not in the (\w+)::(\w+) registry')
+TRACEBACK_HINT = '(mmrepa shortened this error; MMREPA_TRACEBACK=1 shows the traceback)'
+
+
+def _runner_config(tb) -> Optional[Config]:
+    """The config of the mmengine Runner whose method raised, if one did."""
+    from mmengine.runner import Runner
+    for frame, _ in traceback.walk_tb(tb):
+        runner = frame.f_locals.get('self')
+        if isinstance(runner, Runner) and isinstance(getattr(runner, 'cfg', None), Config):
+            return runner.cfg
+    return None
+
+
+def _data_problems(err: BaseException, cfg: Config) -> List[str]:
+    """The data problems of ``cfg`` that caused ``err``: missing files the error names, or a
+    class filter that left a data set empty (mmdet: "need at least one array to
+    concatenate")."""
+    from .tool_inputs import class_filter_problems, find_missing_inputs
+    splits = ('train', 'val', 'test')
+    if isinstance(err, FileNotFoundError):
+        missing = find_missing_inputs(cfg, splits=splits, pretrained=True)
+        return [str(m) for m in missing if m.path in str(err)]
+    if isinstance(err, ValueError) and 'need at least one array' in str(err):
+        return class_filter_problems(cfg, splits)
+    return []
+
+
+def _in_context(err: ConfigError, cfg: Optional[Config]) -> str:
+    """``err``'s message as our tools give it (``model.backbone (RePaSwin): ...``) if building
+    the config's backbone alone raises it, else as it is."""
+    try:
+        if cfg is not None:
+            build_backbone(cfg)
+    except ConfigError as found:
+        if str(err) in str(found):
+            return str(found)
+    return str(err)
+
+
+def _unregistered(message: str, cfg: Optional[Config]) -> Optional[str]:
+    """mmengine's "X is not in the scope::kind registry" with the option and "did you mean"."""
+    match = _REGISTRY_KEY_ERROR.match(message)
+    if not match:
+        return None
+    name, scope, kind = match.groups()
+    lines = [line for line in unknown_types(cfg) if f'={name!r}' in line] if cfg else []
+    if lines:  # a model type: the line names the option
+        return '\n'.join(lines)
+    registries = [r for r in vars(importlib.import_module(f'{scope}.registry')).values()
+                  if isinstance(r, Registry) and r.scope == scope and r.name == kind]
+    hint = did_you_mean(name, registries) or 'is its package in custom_imports?'
+    return f'{name!r} is not registered in the {scope} {kind} registry: {hint}'
+
+
+def explain(err: BaseException, tb=None) -> Optional[str]:
+    """The one-line (or one line per problem) account of an uncaught error whose cause is
+    known, or ``None``: mmrepa's own errors (their messages name the option and the fix), an
+    unregistered type (with "did you mean"), and, raised inside a Runner, a missing data file
+    or an emptied data set (found by the checks our tools run first)."""
+    from .fold import FoldError
+    cfg = _runner_config(tb) if tb is not None else None
+    if isinstance(err, ConfigError):
+        return f'ConfigError: {_in_context(err, cfg)}'
+    if isinstance(err, (CheckpointError, FoldError)):
+        return f'{type(err).__name__}: {err}'
+    if isinstance(err, KeyError) and err.args:
+        return _unregistered(str(err.args[0]), cfg)
+    if cfg is None:
+        return None
+    return '\n'.join(_data_problems(err, cfg)) or None
+
+
+def _excepthook(kind, err, tb, previous) -> None:
+    line = None
+    if not os.environ.get('MMREPA_TRACEBACK'):
+        try:
+            line = explain(err, tb)
+        except Exception:  # noqa: BLE001  never hide the real error behind one of ours
+            line = None
+    if line is None:
+        previous(kind, err, tb)
+    else:
+        sys.stderr.write(f'{line}\n{TRACEBACK_HINT}\n')
+
+
+def install_excepthook() -> None:
+    """Print the errors :func:`explain` knows as one line instead of a traceback, in any
+    process that imports mmrepa (mmdet's tools do through the config's ``custom_imports``).
+    Leaves a hook someone else installed (IPython, a debugger) alone."""
+    if sys.excepthook is sys.__excepthook__:
+        previous = sys.excepthook
+        sys.excepthook = lambda kind, err, tb: _excepthook(kind, err, tb, previous)
