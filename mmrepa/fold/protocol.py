@@ -22,12 +22,10 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..errors import FoldError  # defined with the other errors; importable from here as before
+
 # Tried in this order on modules that are not mmrepa's.
 FOREIGN_FOLD_METHODS = ('switch_to_deploy', 'reparameterize', 'fuse')
-
-
-class FoldError(RuntimeError):
-    """A model cannot be folded as it is; the message says why and what to do."""
 
 
 class FoldReport(NamedTuple):
