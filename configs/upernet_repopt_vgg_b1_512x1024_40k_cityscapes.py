@@ -1,6 +1,7 @@
 # UperNet with a RepOpt-VGG-B1 backbone on Cityscapes, mmseg's 40k schedule at 512 x 1024
-# (RepOptimizers, Table 7: 79.36 mIoU), fine-tuned with RepOptSGD (see
-# cascade-mask-rcnn_repopt_vgg_b1_1x_coco.py for the choice and how to switch to plain SGD).
+# (RepOptimizers, Table 7: 79.36 mIoU), fine-tuned with RepOptSGD and the B1 Hyper-Search
+# constants (see cascade-mask-rcnn_repopt_vgg_b1_1x_coco.py for both choices and how to switch
+# to plain SGD).
 _base_ = [
     'mmseg::_base_/models/upernet_r50.py', 'mmseg::_base_/datasets/cityscapes.py',
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_40k.py'
@@ -10,6 +11,7 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 crop_size = (512, 1024)
 norm_cfg = dict(type='SyncBN', requires_grad=True)
 pretrained = 'checkpoints/repopt_vgg_b1_in1k.pth'
+scales = 'checkpoints/RepOpt-VGG-B1-scales.pth'  # the constants it was trained with
 model = dict(
     data_preprocessor=dict(size=crop_size),
     pretrained=None,
@@ -18,6 +20,7 @@ model = dict(
         type='RepOptVGG',
         arch='B1',
         mode='target',
+        scales=scales,
         out_indices=(0, 1, 2, 3),
         norm_eval=False,  # 8 x 2 crops of 512 x 1024 with SyncBN: mmseg's ResNet recipe
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),

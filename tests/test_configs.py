@@ -165,6 +165,9 @@ def test_config_builds_and_runs_loss_and_predict(path):
     cfg = Config.fromfile(path)
     assert cfg.custom_imports.imports[0] == 'mmrepa'
     backbone = cfg.model.backbone
+    if backbone.type == 'RepOptVGG' and backbone.get('mode', 'target') == 'target' and \
+            backbone.get('init_cfg'):  # the official ImageNet checkpoints lack the constants
+        assert isinstance(backbone.get('scales'), str), 'fine-tuning RepOpt-VGG needs scales='
     if isinstance(backbone.get('scales'), str):  # not here, and B1's would not fit a tiny arch
         backbone.scales = None
     if backbone.get('init_cfg'):

@@ -285,8 +285,32 @@ SGD_CASES = {
 LR = 0.2
 
 
+class NaiveSGDW(torch.optim.Optimizer):
+    """SGD with decoupled weight decay, written out for the CSLA's parameters (the reference
+    of RepOptSGD(decoupled_weight_decay=True)): with g the gradient and b the momentum buffer
+    (b = g at the first step, then b = momentum * b + g), ``p <- p - lr * wd * p - lr * b``."""
+
+    def __init__(self, params, lr, momentum, weight_decay, decoupled_weight_decay=True):
+        assert decoupled_weight_decay
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, wd, mu = group['lr'], group['weight_decay'], group['momentum']
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if 'buffer' not in state:
+                    state['buffer'] = p.grad.clone()
+                else:
+                    state['buffer'] = mu * state['buffer'] + p.grad
+                p.copy_(p - lr * wd * p - lr * state['buffer'])
+
+
 def run_sgd_pair(case: dict, *, clip=None, csla_clip=None, neg=None):
-    """Train the CSLA (torch SGD, or a plain RepOptSGD for decoupled decay) and the target
+    """Train the CSLA (torch SGD, or :class:`NaiveSGDW` for decoupled decay) and the target
     (RepOptSGD via the constructor); ``neg`` names a negative control."""
     case = dict(case)
     accumulate = case.pop('accumulate', 1)
@@ -294,8 +318,7 @@ def run_sgd_pair(case: dict, *, clip=None, csla_clip=None, neg=None):
     target = make_target(csla, reinit=neg != 'no-reinit')
     groups = csla_groups(csla, decay_identity=neg != 'identity-not-decayed')
     if case.get('decoupled_weight_decay'):
-        opt_c = RepOptSGD(groups, lr=LR, **case)
-        opt_c.attach_branch_scales({})  # verified equal to torch SGD semantics below
+        opt_c = NaiveSGDW(groups, lr=LR, **case)
     else:
         opt_c = torch.optim.SGD(groups, lr=LR, foreach=False, **case)
     wrap_c = OptimWrapper(opt_c, accumulative_counts=accumulate,
@@ -615,30 +638,80 @@ def test_resume_is_bit_exact(optimizer):
 # --- mixed precision ----------------------------------------------------------------------------
 
 
-# AmpOptimWrapper first builds a CUDA GradScaler, which warns and disables itself on the CPU
-@pytest.mark.filterwarnings('ignore::FutureWarning', 'ignore::UserWarning')
-def test_amp_optim_wrapper_unscales_before_the_multiplier_and_the_clipping(monkeypatch):
-    """AmpOptimWrapper with a CPU GradScaler (power-of-2 loss scale, float32): the same steps as
-    OptimWrapper, since unscaling happens before RepOpt's step; the multipliers stay float32."""
+LOSS_SCALE = 1000.0  # not a power of two: unscaling then rounds, so its order shows
+
+
+def amp_wrapper(target, monkeypatch, optimizer: dict, wrapper_type='AmpOptimWrapper', **extra):
+    """``wrapper_type`` with RepOptSGD through the constructor; AmpOptimWrapper with a static
+    CPU loss scale of :data:`LOSS_SCALE`."""
+    # AmpOptimWrapper first builds a CUDA GradScaler, which warns and disables itself on the CPU
     import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
     monkeypatch.setattr(amp, 'is_cuda_available', lambda: True)
-    runs = []
+    wrapper = build_optim_wrapper(
+        target, dict(type=wrapper_type, constructor='RepOptOptimWrapperConstructor',
+                     optimizer=dict(type='RepOptSGD', **optimizer), **extra))
+    if wrapper_type == 'AmpOptimWrapper':
+        assert wrapper.clip_grad_kwargs is None  # the CSLA clipping lives in the step
+        wrapper.loss_scaler = torch.amp.GradScaler('cpu', init_scale=LOSS_SCALE,
+                                                   growth_interval=10**6)
+    return wrapper
+
+
+@pytest.mark.filterwarnings('ignore::FutureWarning', 'ignore::UserWarning')
+def test_amp_multiplies_the_unscaled_gradient(monkeypatch):
+    """One AmpOptimWrapper step, float32, bit for bit. With lr 1 from zero weights the step
+    writes ``-M * g`` into each kernel: it must be ``M * (g_scaled * (1 / scale))``
+    (GradScaler's reciprocal, then the multiplier), not ``(M * g_scaled) * (1 / scale)``.
+    With a power-of-two scale both orders give the same bits; at 1000 they differ, which the
+    test checks too, so it sees a wrong order."""
+    target = make_target(make_csla()).float()
+    wrapper = amp_wrapper(target, monkeypatch, dict(lr=1.0))
+    opt = wrapper.optimizer
+    x, y = batches(1)[0]
+    loss = F.cross_entropy(target(x.float()), y)
+    # the scaled gradients, computed apart (p.grad is what the code under test may change)
+    params = list(target.parameters())
+    scaled = dict(zip(params, torch.autograd.grad(loss * torch.tensor(LOSS_SCALE), params,
+                                                  retain_graph=True)))
+    wrapper.backward(loss)  # scaled by the loss scaler
+    with torch.no_grad():
+        for p in target.parameters():
+            p.zero_()
+    inv_scale = torch.tensor(LOSS_SCALE).double().reciprocal().float()
+    wrapper.step()
+    assert len(opt.repopt_params) == len(LAYERS)
+    for p in target.parameters():
+        unscaled = scaled[p] * inv_scale
+        m = opt.multiplier(p)
+        if m is None:
+            assert torch.equal(-p.detach(), unscaled)
+            continue
+        assert m.dtype == torch.float32
+        right, wrong = unscaled * m, (scaled[p] * m) * inv_scale
+        assert not torch.equal(right, wrong)  # the scale makes the order visible
+        assert torch.equal(-p.detach(), right), 'the multiplier did not act after unscaling'
+
+
+@pytest.mark.filterwarnings('ignore::FutureWarning', 'ignore::UserWarning')
+def test_amp_optim_wrapper_steps_as_the_plain_wrapper_with_csla_clipping(monkeypatch):
+    """Several steps with CSLA-norm clipping active: AmpOptimWrapper (scale 1000) equals
+    OptimWrapper to float32 rounding, since the clipping norm and the multiplier see the
+    unscaled gradients (a norm of the scaled ones would be 1000 times too large)."""
+    runs, norms = [], []
+    optimizer = dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05)
     for wrapper_type in ('OptimWrapper', 'AmpOptimWrapper'):
         target = make_target(make_csla()).float()
-        wrapper = build_optim_wrapper(
-            target, dict(type=wrapper_type, constructor='RepOptOptimWrapperConstructor',
-                         optimizer=dict(type='RepOptSGD', lr=0.1, momentum=0.9, nesterov=True,
-                                        weight_decay=0.05),
-                         clip_grad=dict(type='csla', max_norm=0.5)))
-        if wrapper_type == 'AmpOptimWrapper':
-            assert wrapper.clip_grad_kwargs is None  # the CSLA clipping lives in the step
-            wrapper.loss_scaler = torch.amp.GradScaler('cpu', init_scale=2.**10,
-                                                       growth_interval=10**6)
+        wrapper = amp_wrapper(target, monkeypatch, optimizer, wrapper_type,
+                              clip_grad=dict(type='csla', max_norm=0.5))
         for p in wrapper.optimizer.repopt_params:
             assert wrapper.optimizer.multiplier(p).dtype == torch.float32
         for x, y in batches(4):
             wrapper.update_params(F.cross_entropy(target(x.float()), y))
+            norms.append(MessageHub.get_current_instance().get_scalar(
+                'train/grad_norm').current())
         runs.append([p.detach().clone() for p in target.parameters()])
+    assert max(norms) > 0.5  # clipping was active
+    assert rel(torch.tensor(norms[4:]), torch.tensor(norms[:4])) <= 1e-5
     assert rel(runs[1], runs[0]) <= 1e-6
 
 

@@ -9,6 +9,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401
+from mmrepa.layers.repopt import _random_kernel
 
 from .test_pretrain_handoff import write_images
 from .test_repopt_vgg import _random_scales
@@ -72,13 +73,59 @@ def state(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def test_first_step_sees_the_rule_of_initialization_and_resume_is_exact(setup, tmp_path):
+def csla_start(first, rng_state):
+    """The kernels of a CSLA block at its start, from the constants the first step saw and the
+    random K0 (C_out, C_in, 3, 3), P0 (C_out, C_in, 1, 1) drawn layer by layer (PyTorch's
+    Conv2d default, U(+-1/sqrt(fan_in))) from the RNG state init_weights began with:
+    W = s * K0 + t * P0 at the centre tap + i on the centre diagonal (identity layers)."""
+    g = torch.Generator()
+    g.set_state(rng_state)
+    names = ['stage0'] + [f'stage{k + 1}.{j}' for k, depth in enumerate(ARCH['depths'])
+                          for j in range(depth)]
+    out = {}
+    for name in names:
+        shape = first[f'backbone.{name}.conv.weight'].shape
+        k0 = _random_kernel(shape, 'torch', g)
+        p0 = _random_kernel((*shape[:2], 1, 1), 'torch', g)
+        s, t, i = (first[f'backbone.{name}.{key}'] for key in
+                   ('scale_conv', 'scale_1x1', 'scale_identity'))
+        w = s.view(-1, 1, 1, 1) * k0
+        w[:, :, 1, 1] += t.view(-1, 1) * p0[:, :, 0, 0]
+        # the identity branch: every layer but the stem and each stage's (stride-2) first
+        if name != 'stage0' and not name.endswith('.0'):
+            for c in range(shape[0]):
+                w[c, c, 1, 1] += i[c]
+        out[name] = w
+    return out
+
+
+def test_first_step_sees_the_rule_of_initialization_and_resume_is_exact(setup, tmp_path,
+                                                                         monkeypatch):
+    from mmrepa.backbones import RepOptVGG
+    rng = []
+    init_weights = RepOptVGG.init_weights
+
+    def record_rng(self):  # the Runner calls it after building the optimizer
+        rng.append(torch.get_rng_state())
+        return init_weights(self)
+
+    monkeypatch.setattr(RepOptVGG, 'init_weights', record_rng)
     model, first = train(config(setup, tmp_path / 'full'))
-    # the first step saw the CSLA-equivalent start: BN fresh, kernels = s*K0 + ... (not the
-    # constructor's default init, which init_weights replaced after the optimizer was built)
-    assert torch.equal(first['backbone.stage0.bn.weight'],
-                       torch.ones_like(first['backbone.stage0.bn.weight']))
-    assert int(first['backbone.stage1.0.bn.num_batches_tracked']) == 0
+    monkeypatch.undo()
+    assert len(rng) == 1
+    # the first step saw the CSLA-equivalent start with the constants of the scales file,
+    # not the constructor's default init (which init_weights replaced after the optimizer
+    # was built), and fresh BatchNorms
+    scales = torch.load(setup[2], weights_only=True)
+    expected = csla_start(first, rng[0])
+    for name, w in expected.items():
+        assert torch.equal(first[f'backbone.{name}.scale_conv'],
+                           scales[f'{name}.scale_conv.weight']), name
+        torch.testing.assert_close(first[f'backbone.{name}.conv.weight'], w, rtol=1e-6,
+                                   atol=1e-7, msg=f'{name}: not the CSLA-equivalent start')
+        assert torch.equal(first[f'backbone.{name}.bn.weight'],
+                           torch.ones_like(first[f'backbone.{name}.bn.weight']))
+        assert int(first[f'backbone.{name}.bn.num_batches_tracked']) == 0
     full = state(model)
 
     # the same run resumed from its checkpoint after 2 iterations

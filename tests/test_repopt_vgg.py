@@ -4,6 +4,7 @@ Exact reference values are SPEC-repopt §6.8; the released scale files are
 ``../shared/repopt-scales`` (MIT). Equivalences are checked in float64 on tiny archs.
 """
 import copy
+import math
 import os.path as osp
 
 import pytest
@@ -12,6 +13,7 @@ import torch.nn as nn
 
 import mmrepa
 from mmrepa.backbones import RepOptVGG
+from mmrepa.engine.optimizers import collect_branch_scales
 from mmrepa.errors import CheckpointError, ConfigError
 from mmrepa.layers import CSLAConvBN, RepOptConvBN
 from mmrepa.layers.repopt import _random_kernel
@@ -316,3 +318,124 @@ def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-12, atol=1e-12, msg=name)
     for k, v in plain.state_dict().items():
         torch.testing.assert_close(cp.state_dict()[k], v, rtol=0, atol=0, msg=k)
+
+
+# --- the constants without scales=: the Hyper-Search model's initial values ---------------------
+
+# a stage-2 first layer of stride 1 and unchanged width has an identity branch
+HS_INIT_CASES = {
+    'standard': (dict(depths=(4, 6, 3, 1), widths=(8, 16, 24, 32), stem_width=8),
+                 (2, 2, 2, 2, 2)),
+    'stride-1 first layer': (dict(depths=(2, 3, 2, 1), widths=(8, 8, 16, 24), stem_width=8),
+                             (2, 2, 1, 2, 2)),
+}
+
+
+def paper_initial_scales(arch, strides, in_channels=3):
+    """{layer name: (s = t, i or None)} by the paper's rule, spelled out: in each stage the
+    first layer that has an identity branch has depth l = 1, the next l = 2, ...; its s and t
+    start at sqrt(2 / l); layers without identity branch (the stem, the first layer of a
+    stage that changes width or has stride 2) start at 1; every identity scale at 1."""
+    out = {'stage0': (1.0, 1.0 if in_channels == arch['stem_width'] and strides[0] == 1
+                      else None)}
+    previous = arch['stem_width']
+    for k in range(4):
+        depth = 0  # the paper's l
+        for j in range(arch['depths'][k]):
+            c_in = previous if j == 0 else arch['widths'][k]
+            stride = strides[k + 1] if j == 0 else 1
+            if c_in == arch['widths'][k] and stride == 1:
+                depth = depth + 1
+                out[f'stage{k + 1}.{j}'] = (math.sqrt(2.0 / depth), 1.0)
+            else:
+                out[f'stage{k + 1}.{j}'] = (1.0, None)
+        previous = arch['widths'][k]
+    return out
+
+
+@pytest.mark.parametrize('case', sorted(HS_INIT_CASES))
+@pytest.mark.parametrize('mode', ['target', 'hs', 'csla'])
+def test_constants_start_at_the_hyper_search_initial_values(mode, case):
+    arch, strides = HS_INIT_CASES[case]
+    model = RepOptVGG(arch, mode=mode, strides=strides)
+    expected = paper_initial_scales(arch, strides)
+    assert sorted(model.layers()) == sorted(expected)
+    for name, m in model.layers().items():
+        st, identity = expected[name]
+        assert m.has_identity == (identity is not None), name
+        if mode == 'target':
+            s, t, i = m.scale_conv, m.scale_1x1, m.scale_identity if m.has_identity else None
+        else:
+            s, t = m.scale_conv.weight, m.scale_1x1.weight
+            i = m.scale_identity.weight if m.has_identity else None
+        for got in (s, t):
+            torch.testing.assert_close(got, torch.full_like(got, st), rtol=1e-7, atol=0,
+                                       msg=f'{name}: {got[0].item()} instead of {st}')
+        if identity is not None:
+            assert torch.equal(i, torch.ones_like(i)), name
+    if case == 'standard':  # the numbers themselves: 1, sqrt(2), 1, sqrt(2/3), ...
+        got = [float(m.scale_conv[0] if mode == 'target' else m.scale_conv.weight[0].detach())
+               for m in model.stage2]
+        assert got == pytest.approx([1.0, 1.41421356, 1.0, 0.81649658, 0.70710678, 0.63245553])
+    if mode == 'target' and case == 'standard':  # the multiplier they give: 2 / l off-centre
+        layer = model.stage2[3]
+        (weight, branches), = layer.repopt_branch_scales().items()
+        torch.testing.assert_close((branches ** 2).sum(0)[:, :, 0, 2],
+                                   torch.full(weight.shape[:2], 2.0 / 3.0))
+
+
+def test_deploy_ignores_scales_and_does_not_read_them(tmp_path):
+    missing = str(tmp_path / 'not-here.pth')  # never read
+    for scales in (missing, _random_scales(RepOptVGG(TINY), 0)):
+        for mode in ('target', 'csla'):
+            model = RepOptVGG(TINY, mode=mode, deploy=True, scales=scales)
+            assert model.scales_source is None
+            assert model.state_dict().keys() == RepOptVGG(TINY, deploy=True).state_dict().keys()
+    with pytest.raises(ConfigError, match="mode 'hs'"):
+        RepOptVGG(TINY, mode='hs', deploy=True, scales=missing)
+
+
+def _without_constants(state_dict):
+    """A target state dict as the official checkpoints have it: no scale_* buffers."""
+    return {k: v for k, v in state_dict.items() if k.split('.')[-1] not in (
+        'scale_conv', 'scale_1x1', 'scale_identity')}
+
+
+def test_a_checkpoint_without_constants_needs_scales(tmp_path):
+    trained = RepOptVGG(TINY)
+    trained.load_scales(_random_scales(trained, seed=4))
+    trained.train()(torch.randn(2, 3, 16, 16))
+    ckpt = str(tmp_path / 'official_target.pth')
+    torch.save({'state_dict': _without_constants(trained.state_dict())}, ckpt)
+    pretrained = dict(type='Pretrained', checkpoint=ckpt)
+
+    # fine-tuning without scales=: an error naming the file and the option
+    model = RepOptVGG(TINY, init_cfg=pretrained)
+    with pytest.raises(CheckpointError, match=r'official_target\.pth has no RepOpt constants.*'
+                       r'model\.backbone\.scales'):
+        model.init_weights()
+    # with them: the kernels load, the constants are those of scales=
+    model = RepOptVGG(TINY, scales=_target_scales(trained), init_cfg=pretrained)
+    model.init_weights()
+    for k, v in trained.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert model.stage1[1].repopt_branch_scales()  # the optimizer may use them
+
+    # a checkpoint that carries its constants, and scales= that differ from them
+    full = str(tmp_path / 'mmrepa_target.pth')
+    torch.save({'state_dict': trained.state_dict()}, full)
+    model = RepOptVGG(TINY, scales=_random_scales(trained, seed=5),
+                      init_cfg=dict(type='Pretrained', checkpoint=full))
+    with pytest.raises(CheckpointError, match=r'mmrepa_target\.pth carries RepOpt constants '
+                       r'that differ from scales='):
+        model.init_weights()
+
+    # load_from (mmengine loads non-strictly): training that kernel is refused, not run with
+    # the initial constants; inference and folding do not need them
+    model = RepOptVGG(TINY)
+    model.load_state_dict(_without_constants(trained.state_dict()), strict=False)
+    with pytest.raises(CheckpointError, match='without its constants.*model.backbone.scales'):
+        collect_branch_scales(model)
+    mmrepa.reparameterize(copy.deepcopy(model).eval())
+    model.load_scales(_target_scales(trained))
+    assert len(collect_branch_scales(model)) == len(model.layers())

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..fold import Reparameterizable, check_eval_mode
 from ..fold.arithmetic import batchnorm_affine, check_fold_state, fold_dtype
 from ..registry import MODELS
@@ -38,10 +38,17 @@ def identity_kernel(channels: int, like: torch.Tensor) -> torch.Tensor:
     return kernel
 
 
-def hyper_search_init(index: int) -> float:
-    """Initial s = t of layer ``index`` (0-based) in its stage: 1 for the first (stride-2)
-    layer, sqrt(2 / index) after it (the paper's Appendix B and code; not its §4.1)."""
-    return 1.0 if index == 0 else math.sqrt(2.0 / index)
+def hyper_search_init(depth: int) -> float:
+    """Initial s = t of a layer in Hyper-Search: ``sqrt(2 / depth)``, where ``depth`` counts
+    the layers with an identity branch in the layer's stage up to and including it (1 for the
+    first one, 2 for the next, ...); 1 for a layer without identity branch (``depth=0``: the
+    stem and the stride-2 first layer of each stage). So in a standard stage of n layers:
+    1, sqrt(2), 1, sqrt(2/3), ... This is the paper's appendix on initialization and its
+    released code; its main text numbers the stride-2 layer as depth 1 instead, which the
+    released code does not do. The identity scale starts at 1."""
+    if depth < 0:
+        raise ValueError(f'depth must be >= 0, got {depth}')
+    return 1.0 if depth == 0 else math.sqrt(2.0 / depth)
 
 
 class ChannelScale(nn.Module):
@@ -126,14 +133,22 @@ class RepOptConvBN(_RepOptLayer):
 
     Buffers ``scale_conv``, ``scale_1x1``, ``scale_identity`` (C_out, ) hold the Hyper-Search
     constants s, t, i (saved with the model, so a checkpoint alone rebuilds the multipliers and
-    resume is exact). :meth:`repopt_branch_scales` gives the optimizer, for ``conv.weight``,
-    the constant of each emulated branch at every kernel entry; the SGD multiplier is their
-    sum of squares: s² off-centre, s² + t² at the centre, + 1 on the centre diagonal where the
-    layer has an identity branch (the identity's constant is 1, not i²).
+    resume is exact). Until :meth:`set_scales` or a state dict with them sets them, s = t =
+    ``init_scale`` and i = 1: the initial values of the Hyper-Search model.
+    :meth:`repopt_branch_scales` gives the optimizer, for ``conv.weight``, the constant of each
+    emulated branch at every kernel entry; the SGD multiplier is their sum of squares: s²
+    off-centre, s² + t² at the centre, + 1 on the centre diagonal where the layer has an
+    identity branch (the identity's constant is 1, not i²).
+
+    A kernel loaded from a state dict without the constants (an official target checkpoint)
+    while the constants are still the initial ones was trained with constants this layer does
+    not know: :meth:`repopt_branch_scales` (i.e. training it with a RepOpt optimizer) refuses
+    it until :meth:`set_scales` gives them. Inference does not need them.
 
     Args:
         in_channels, out_channels (int): Channels. stride (int): 1 or 2 (padding 1).
         deploy (bool): Build the folded layer (conv with bias, ReLU). Default: False.
+        init_scale (float): Initial s = t (:func:`hyper_search_init`). Default: 1.0.
 
     Shapes: (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride)).
     """
@@ -141,18 +156,24 @@ class RepOptConvBN(_RepOptLayer):
     fold_state_keys = ('conv.bias', 'bn.running_mean')  # see mmrepa.fold.check_fold_state
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+                 deploy: bool = False, init_cfg: Optional[dict] = None,
+                 init_scale: float = 1.0):
         super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        # True once the constants come from set_scales or a state dict; True on a kernel
+        # loaded without them while they were still the initial ones
+        self.constants_given, self.kernel_without_constants = False, False
         if deploy:
             return
         self.conv = self.conv3x3()
         self.bn = nn.BatchNorm2d(out_channels)
-        for name in ('scale_conv', 'scale_1x1', 'scale_identity'):
-            self.register_buffer(name, torch.ones(out_channels))
+        self.register_buffer('scale_conv', torch.full((out_channels, ), float(init_scale)))
+        self.register_buffer('scale_1x1', torch.full((out_channels, ), float(init_scale)))
+        self.register_buffer('scale_identity', torch.ones(out_channels))
 
     def _forward_training(self, x):
         return self.bn(self.conv(x))
 
+    @torch.no_grad()
     def set_scales(self, s: torch.Tensor, t: torch.Tensor,
                    i: Optional[torch.Tensor] = None) -> None:
         """Set the constants (vectors of C_out; ``i`` only where there is an identity)."""
@@ -160,12 +181,28 @@ class RepOptConvBN(_RepOptLayer):
         self.scale_1x1.copy_(t)
         if i is not None:
             self.scale_identity.copy_(i)
+        self.constants_given, self.kernel_without_constants = True, False
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if not self.deploy and prefix + 'conv.weight' in state_dict:
+            if prefix + 'scale_conv' in state_dict:
+                self.constants_given, self.kernel_without_constants = True, False
+            elif not getattr(self, 'constants_given', False):
+                self.kernel_without_constants = True
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def repopt_branch_scales(self) -> Dict[nn.Parameter, torch.Tensor]:
         """``{conv.weight: A}``, A (K, C_out, C_in, 3, 3) float32: the constant of branch k
         (3x3, 1x1, identity if present) at each kernel entry, 0 where k does not reach."""
         if self.deploy:
             return {}
+        if getattr(self, 'kernel_without_constants', False):
+            raise CheckpointError(
+                'a RepOpt-VGG kernel was loaded from a checkpoint without its constants '
+                '(scale_conv, scale_1x1, scale_identity) and none were given, so its '
+                'multipliers would be the Hyper-Search initial values, not those it was '
+                'trained with: set model.backbone.scales to the scales file it was trained '
+                'with')
         weight = self.conv.weight
         ones = torch.ones(weight.shape, dtype=torch.float32, device=weight.device)
         branches = [self.scale_conv.float().view(-1, 1, 1, 1) * ones,
