@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import os.path as osp
+import resource
 import subprocess
 import sys
 import time
@@ -104,6 +105,13 @@ class Step:
         if code:
             raise ToolFailed(f'{osp.basename(args[0])} exited with {code}; its last lines '
                              f'({relative(log)}):\n' + '\n'.join(last_lines(log, 6)))
+
+
+def cpu_minutes() -> float:
+    """CPU time of the tools run so far (their loader workers too): unlike the wall time, it
+    hardly moves with the machine's load."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) / 60
 
 
 def relative(path: str) -> str:
@@ -257,7 +265,7 @@ def per_class(results: dict, test_log: str) -> List[str]:
 
 ADVICE = ('what to try: another seed (--seed 1), a longer schedule (--epochs, e.g. 1.5x the '
           "config's max_epochs), or the task alone with --verbose to watch its loss; see "
-          'docs/troubleshooting.md')
+          'docs/troubleshooting.md, "The demo"')
 
 
 def print_table(rows: List[tuple]) -> None:
@@ -327,6 +335,7 @@ def parse_args():
 def main():
     args = parse_args()
     sys.path.insert(0, ROOT)
+    from mmrepa.utils.files import write_json
     from mmrepa.utils.machine import finish, machine_info
     names = list(TASKS) if args.task == 'all' else [args.task]
     rows, failed, summary = [], [], []
@@ -341,7 +350,7 @@ def main():
         backbone = backbone_name(config)
         print(f'[{i}/{len(names)}] {name}: {backbone}, {relative(config)}', flush=True)
         step = Step(osp.join(args.work_dir, name), args.verbose)
-        start = time.time()
+        start, cpu_start = time.time(), cpu_minutes()
         details = []
         try:
             results = run_task(task, config, step, args)
@@ -352,13 +361,13 @@ def main():
             if any('did not learn' in p for p in problems):
                 details = per_class(results['trained'], osp.join(step.work_dir,
                                                                  'test_trained.log'))
-        minutes = (time.time() - start) / 60
+        minutes, cpu = (time.time() - start) / 60, cpu_minutes() - cpu_start
         for m in task.metrics:
             values = [results[k][m.key] for k in ('trained', 'folded')] if results else [None] * 2
             rows.append((name, backbone, m.name, str(getattr(args, m.option)), *values,
                          minutes, 'FAILED' if problems else 'ok'))
             summary.append(dict(zip(('task', 'backbone', 'metric', 'bar', 'trained', 'folded',
-                                     'minutes', 'result'), rows[-1])))
+                                     'minutes', 'result'), rows[-1]), cpu_minutes=cpu))
         status = 'ok' if not problems else 'FAILED: ' + problems[0].splitlines()[0]
         print(f'      {name}: {status} ({minutes:.1f} min)', flush=True)
         if problems:
@@ -369,12 +378,13 @@ def main():
                          f'{mins:.1f}', res) for t, b, m, bar, x, y, mins, res in rows]
     total = (time.time() - begin) / 60
     print(f'\n===== demo summary: {len(names) - len(failed)} of {len(names)} tasks passed, '
-          f'{total:.1f} min =====')
+          f'{total:.1f} min ({cpu_minutes():.1f} min of CPU time) =====')
     print_table(cells)
-    os.makedirs(args.work_dir, exist_ok=True)
-    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
-        json.dump(dict(tasks=summary, minutes=total, seed=args.seed, epochs=args.epochs,
-                       smoke=args.smoke, machine=finish(machine)), f, indent=2)
+    # atomic: a killed demo leaves the old summary, never half a file
+    write_json(dict(tasks=summary, minutes=total, cpu_minutes=cpu_minutes(),
+                    seed=args.seed, epochs=args.epochs,
+                    smoke=args.smoke, machine=finish(machine)),
+               osp.join(args.work_dir, 'summary.json'))
     if failed:
         print()
         for name, problems, details in failed:
