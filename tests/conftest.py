@@ -50,8 +50,9 @@ def max_abs_diff(a, b) -> float:
 # The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
 # file handed out last keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = ('test_configs.py', 'test_tools.py', 'test_distributed.py', 'test_mmdeploy.py',
-                 'test_demo_smoke.py', 'test_runner.py', 'test_downstream_tools.py', 'test_depth_rep_vit.py',
-                 'test_pretrain_handoff.py', 'test_quantize.py', 'test_inference.py')
+                 'test_demo_smoke.py', 'test_runner.py', 'test_downstream_tools.py',
+                 'test_depth_rep_vit.py', 'test_pretrain_handoff.py', 'test_quantize.py',
+                 'test_inference.py')
 
 
 def pytest_collection_modifyitems(items):
