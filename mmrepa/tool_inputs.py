@@ -197,6 +197,34 @@ def _split_configured(cfg: Config, split: str) -> bool:
     return split != 'val' or (bool(cfg.get('val_cfg')) and cfg.get('val_evaluator') is not None)
 
 
+def _config_paths(cfg: Config, splits: Sequence[str], pretrained: bool
+                  ) -> Iterator[Tuple[str, str, str]]:
+    """(what, key, path) of the local paths the config makes a tool read: see
+    :func:`find_missing_inputs`."""
+    for split in splits:
+        if not _split_configured(cfg, split):
+            continue
+        yield from _dataset_paths(cfg[f'{split}_dataloader'].get('dataset'),
+                                  f'{split}_dataloader.dataset', split)
+        yield from _evaluator_paths(cfg.get(f'{split}_evaluator'), f'{split}_evaluator', split)
+    if pretrained:
+        yield from _pretrained_paths(cfg.get('model'), 'model')
+    yield from _scales_paths(cfg.get('model'))  # read when the model is built
+
+
+def config_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: bool = False
+                  ) -> List[Tuple[str, str]]:
+    """``(what, path)`` of the config file and of the local files and folders it makes a tool
+    read (the data of ``splits``, the backbone's ``scales`` file, with ``pretrained`` the
+    ``Pretrained`` checkpoints; as :func:`find_missing_inputs` lists them): the inputs no
+    output may replace (:func:`mmrepa.utils.files.check_outputs`)."""
+    found = [('config', cfg.filename)] if cfg.filename else []
+    for what, _, path in _config_paths(cfg, splits, pretrained):
+        if not is_remote(path):
+            found.append((what, osp.expanduser(path) if what.endswith('checkpoint') else path))
+    return found
+
+
 def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: bool = False,
                         checkpoints: Iterable[Tuple[str, str, Optional[str]]] = ()
                         ) -> List[MissingInput]:
@@ -215,17 +243,7 @@ def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: boo
 
     URLs (``http(s)://``, ``open-mmlab://``, ``torchvision://``, ...) are not checked.
     """
-    found = []
-    for split in splits:
-        if not _split_configured(cfg, split):
-            continue
-        found += _dataset_paths(cfg[f'{split}_dataloader'].get('dataset'),
-                                f'{split}_dataloader.dataset', split)
-        found += _evaluator_paths(cfg.get(f'{split}_evaluator'), f'{split}_evaluator', split)
-    if pretrained:
-        found += _pretrained_paths(cfg.get('model'), 'model')
-    found += _scales_paths(cfg.get('model'))  # read when the model is built
-    found += [c for c in checkpoints if c[2]]
+    found = list(_config_paths(cfg, splits, pretrained)) + [c for c in checkpoints if c[2]]
     missing, seen = [], set()
     for what, key, path in found:
         local = osp.expanduser(path) if what.endswith('checkpoint') else path

@@ -17,13 +17,15 @@ needs; the folds themselves are computed in float64 and cast back), ``--channels
 (the models' 4-D weights and the backbone input in NHWC) and ``--compile`` (``torch.compile``
 of both backbones; the first call, which compiles, is timed apart and reported as compile
 time).
+
+``--out`` and ``--plot`` may not be an input (the config, the checkpoint, a file the config
+reads) or a link to one, checked before the timing; they are written atomically (an existing
+file is replaced in one step).
 """
 import argparse
 import contextlib
 import copy
 import functools
-import json
-import os
 import os.path as osp
 import sys
 import tempfile
@@ -38,11 +40,15 @@ from mmengine.config import DictAction
 import mmrepa
 from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
 from mmrepa.errors import ConfigError
+from mmrepa.tool_inputs import config_inputs
 from mmrepa.utils import complexity, model_complexity, time_interleaved
+from mmrepa.utils.files import atomic_output, check_outputs, write_json
 from mmrepa.utils.latency import cpu_name
 from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 from mmrepa.utils.optional import require
+
+TOOL = 'tools/benchmark.py'
 
 
 def parse_args(argv=None):
@@ -192,6 +198,10 @@ def onnx_variant(backbone, x, path):
     return lambda: run_onnx(session, x)
 
 
+def outputs(args) -> list:
+    return [('--out', args.out), ('--plot', args.plot)]
+
+
 def run(args):
     machine = machine_info()  # the load average as the measurement starts
     device = torch.device(args.device)
@@ -200,6 +210,8 @@ def run(args):
     amp = autocast_context(device, args.amp)
     flush = device.type == 'cpu' and not args.keep_denormals and torch.set_flush_denormal(True)
     model = init_model(args.config, args.checkpoint, device, args.cfg_options)
+    if model.cfg is not None:  # the files the config reads (RepOptVGG's scales), before timing
+        check_outputs(TOOL, outputs(args), config_inputs(model.cfg))
     cfg = model.cfg
     shape = tuple(args.shape or default_input_shape(cfg))
     folded = mmrepa.reparameterize(copy.deepcopy(model))
@@ -312,21 +324,22 @@ def plot(result, path):
                  f"{result['device']}", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_output(path) as tmp:  # .tmp.png: the format from the extension, as for path
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
 
 
-@one_line_errors('tools/benchmark.py')
+@one_line_errors(TOOL)
 def main(argv=None):
     args = parse_args(argv)
+    check_outputs(TOOL, outputs(args), [('config', args.config), ('checkpoint', args.checkpoint)])
     require(*(('onnx', 'onnxruntime') if args.onnx else ()),
-            *(('matplotlib', ) if args.plot else ()), tool='tools/benchmark.py')
+            *(('matplotlib', ) if args.plot else ()), tool=TOOL)
     with torch.no_grad():
         result = run(args)
     print(format_table(result))
     if args.out:
-        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=2)
+        write_json(result, args.out)
     if args.plot:
         plot(result, args.plot)
     return result

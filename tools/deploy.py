@@ -15,17 +15,15 @@ DEPLOY_CFG: ``configs/deploy/detection_onnxruntime_static.py`` (RetinaNet, Faste
 ``instance-seg_onnxruntime_static.py`` (Mask R-CNN, ...), ``segmentation_onnxruntime_static.py``
 (UperNet, ...). A model the deploy config cannot export is refused with the reason before
 anything is written. DIR appears complete or not at all: everything is written to a temporary
-directory beside it and moved in place at the end (an existing DIR needs --force).
+directory beside it and moved in place at the end (an existing DIR needs --force). DIR may not
+be an input (CONFIG, CHECKPOINT, DEPLOY_CFG, IMG, the test data) or hold one, even with
+--force: replacing it would delete them (a training work dir holds the checkpoint and its log).
 """
 import argparse
 import contextlib
 import copy
-import json
 import logging
-import os
 import os.path as osp
-import shutil
-import tempfile
 import warnings
 
 import torch
@@ -34,7 +32,8 @@ from mmengine.config import Config, DictAction
 import mmrepa
 from mmrepa.apis import build_model, init_model, load_config, one_line_errors
 from mmrepa.checkpoint import save_atomically
-from mmrepa.utils.files import set_user_mode
+from mmrepa.tool_inputs import config_inputs
+from mmrepa.utils.files import atomic_folder, check_outputs, write_json
 from mmrepa.utils.optional import require
 
 TOOL = 'tools/deploy.py'
@@ -250,26 +249,6 @@ def disagreement(result: dict, args) -> str:
     return '; '.join(problems)
 
 
-def _missing_ancestors(folder: str) -> list:
-    """``folder`` and those of its ancestors that do not exist yet, deepest first."""
-    missing = []
-    while not osp.exists(folder):
-        missing.append(folder)
-        folder = osp.dirname(folder)
-    return missing
-
-
-def _publish(tmp: str, out: str) -> None:
-    """Move the finished ``tmp`` to ``out`` (replacing an old ``out``: --force was checked)."""
-    old = None
-    if osp.lexists(out):
-        old = tempfile.mkdtemp(dir=osp.dirname(osp.abspath(out)), prefix='.old-')
-        os.rename(out, osp.join(old, 'out'))
-    os.rename(tmp, out)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_dir: str) -> dict:
     from mmdeploy.apis import torch2onnx
     from mmdeploy.apis.utils import build_task_processor
@@ -298,8 +277,7 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
                   folded=fold.folded, params_before=fold.params_before,
                   params_after=fold.params_after, onnxruntime_vs_pytorch=result)
     deploy_cfg.dump(osp.join(work_dir, 'deploy_cfg.py'))
-    with open(osp.join(work_dir, 'report.json'), 'w') as f:
-        json.dump(report, f, indent=2)
+    write_json(report, osp.join(work_dir, 'report.json'))
     return report
 
 
@@ -310,38 +288,29 @@ def main(argv=None) -> dict:
     for path in (args.config, args.checkpoint, args.deploy_cfg, args.image):
         if path is not None and not osp.isfile(path):
             raise FileNotFoundError(f'no such file: {path}')
-    if osp.lexists(args.out) and not args.force:
-        raise SystemExit(f'{TOOL}: {args.out} exists; pass --force to replace it')
+    outputs = [('--out', args.out, True)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint),
+                                  ('deploy config', args.deploy_cfg), ('image', args.image)],
+                  args.force)
     require('mmdeploy', 'aenum', 'onnx', 'onnxruntime', tool=TOOL)
     import mmrepa.deploy  # noqa: F401  (mmrepa's rewrites for mmdeploy)
     cfg = load_config(args.config, args.cfg_options)
+    check_outputs(TOOL, outputs, config_inputs(cfg, () if args.image else ('test', )),
+                  args.force)
     deploy_cfg = Config.fromfile(args.deploy_cfg)
-    parent = osp.dirname(osp.abspath(args.out))
-    created = _missing_ancestors(parent)  # removed again if nothing is published
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f'.{osp.basename(osp.abspath(args.out))}.tmp-')
-    published = False
-    try:
-        with _quiet(args.verbose):
-            check_exportable(cfg, deploy_cfg)
-            image = args.image or _first_test_image(cfg)
-            report = export_and_compare(args, cfg, deploy_cfg, image, tmp)
-        problem = disagreement(report['onnxruntime_vs_pytorch'], args)
-        if problem:
-            raise SystemExit(f'{TOOL}: the exported model disagrees with PyTorch on {image}: '
-                             f'{problem}; nothing written to {args.out}')
-        set_user_mode(tmp)  # mkdtemp's 0700, as os.makedirs would have made it
-        _publish(tmp, args.out)
-        published = True
+    try:  # DIR whole or not at all: a temporary folder beside it, moved in place at the end
+        with atomic_folder(args.out, replace=True) as tmp:
+            with _quiet(args.verbose):
+                check_exportable(cfg, deploy_cfg)
+                image = args.image or _first_test_image(cfg)
+                report = export_and_compare(args, cfg, deploy_cfg, image, tmp)
+            problem = disagreement(report['onnxruntime_vs_pytorch'], args)
+            if problem:
+                raise SystemExit(f'{TOOL}: the exported model disagrees with PyTorch on '
+                                 f'{image}: {problem}; nothing written to {args.out}')
     except CannotExport as err:
         raise SystemExit(f'{TOOL}: cannot export {args.config} with {args.deploy_cfg}: '
                          f'{err}; nothing written to {args.out}') from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not published:
-            for folder in created:  # deepest first; only if still empty
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)
     result = report['onnxruntime_vs_pytorch']
     print(f'exported the folded {cfg.model.type} ({report["params_after"] / 1e6:.2f} M '
           f'parameters) to {osp.join(args.out, "end2end.onnx")}, traced at '

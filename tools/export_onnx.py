@@ -8,6 +8,10 @@ tool fails if they differ by more than --atol. --full works for single-stage det
 (RetinaNet); mmdet's two-stage detectors and mmseg's segmentors need data samples or
 shape-dependent pooling in their tensor forward, so export their backbone, or the whole model
 with mmdeploy.
+
+The ONNX file may not be an input (the config, the checkpoint, a file the config reads) or a
+link to one; it is written atomically: a failed export leaves no file, an existing one is
+replaced in one step.
 """
 import argparse
 import os.path as osp
@@ -17,10 +21,14 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, one_line_errors
+from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.tool_inputs import config_inputs
+from mmrepa.utils.files import atomic_output, check_outputs
 from mmrepa.utils.onnx import (TensorForward, export_onnx, onnx_max_abs_error,
                                onnxruntime_session)
 from mmrepa.utils.optional import require
+
+TOOL = 'tools/export_onnx.py'
 
 
 def parse_args(argv=None):
@@ -37,27 +45,32 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-@one_line_errors('tools/export_onnx.py')
+@one_line_errors(TOOL)
 def main(argv=None) -> float:
     """Returns the max abs difference between onnxruntime and PyTorch."""
     args = parse_args(argv)
-    require('onnx', 'onnxruntime', tool='tools/export_onnx.py')
-    model = mmrepa.reparameterize(init_model(args.config, args.checkpoint,
-                                             cfg_options=args.cfg_options))
-    module = TensorForward(model) if args.full else model.backbone
     name = osp.splitext(osp.basename(args.config))[0]
     out = args.out or f"{name}_{'full' if args.full else 'backbone'}.onnx"
+    outputs = [('--out', out)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
+    require('onnx', 'onnxruntime', tool=TOOL)
+    cfg = load_config(args.config, args.cfg_options)
+    check_outputs(TOOL, outputs, config_inputs(cfg))
+    model = mmrepa.reparameterize(init_model(cfg, args.checkpoint))
+    module = TensorForward(model) if args.full else model.backbone
     x = torch.randn(1, 3, *args.shape)
-    try:
-        export_onnx(module, x, out, args.opset)
-    except Exception as e:
-        if not args.full:
-            raise
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
-        sys.exit(f"{type(model).__name__}'s tensor forward does not export with torch.onnx "
-                 f'({type(e).__name__}: {reason[:200]}). Export the backbone (drop --full), '
-                 f'or the whole model with mmdeploy, whose rewrites handle these heads.')
-    err = onnx_max_abs_error(module, x, onnxruntime_session(out))
+    with atomic_output(out) as tmp:
+        try:
+            export_onnx(module, x, tmp, args.opset)
+        except Exception as e:
+            if not args.full:
+                raise
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
+            sys.exit(f"{type(model).__name__}'s tensor forward does not export with "
+                     f'torch.onnx ({type(e).__name__}: {reason[:200]}). Export the backbone '
+                     '(drop --full), or the whole model with mmdeploy, whose rewrites handle '
+                     'these heads.')
+        err = onnx_max_abs_error(module, x, onnxruntime_session(tmp))
     print(f'exported the folded {"model" if args.full else "backbone"} to {out}; onnxruntime '
           f'vs PyTorch max abs difference {err:.2e}')
     if not err <= args.atol:

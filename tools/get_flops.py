@@ -7,20 +7,25 @@ backbone alone on a 1 x 3 x H x W tensor, and the whole model's tensor forward o
 sent through the config's test pipeline (which may resize it, as it does real images). A model
 whose joined branches are not joined yet (λ < 1, SPEC-depth §7) is counted folded as it will
 fold once joined: its structure does not depend on λ.
-``--json`` also writes the exact counts (what ``tools/misc/gen_metafiles.py`` reads).
+``--json`` also writes the exact counts (what ``tools/misc/gen_metafiles.py`` reads), atomically;
+it may not be an input (the config, the checkpoint) or a link to one.
 """
 import argparse
 import copy
-import json
 import os.path as osp
 
 import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
+from mmrepa.apis import (default_input_shape, init_model, load_config, one_line_errors,
+                         pipeline_batch)
 from mmrepa.engine.hooks import join_modules
+from mmrepa.tool_inputs import config_inputs
 from mmrepa.utils import complexity, model_complexity
+from mmrepa.utils.files import check_outputs, write_json
+
+TOOL = 'tools/get_flops.py'
 
 
 def parse_args(argv=None):
@@ -49,12 +54,16 @@ def to_json(config: str, shape, input_shape, rows: dict) -> dict:
     return out
 
 
-@one_line_errors('tools/get_flops.py')
+@one_line_errors(TOOL)
 def main(argv=None):
     """Print the table (and write ``--json``); returns ``{scope: [before, after]}``."""
     args = parse_args(argv)
+    outputs = [('--json', args.json)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
+    cfg = load_config(args.config, args.cfg_options)
+    check_outputs(TOOL, outputs, config_inputs(cfg))
     torch.manual_seed(args.seed)
-    model = init_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
+    model = init_model(cfg, args.checkpoint)
     shape = tuple(args.shape or default_input_shape(model.cfg))
     folded = copy.deepcopy(model)
     unjoined = [name for name, m in join_modules(folded) if m.current_join_lambda < 1.0]
@@ -77,9 +86,8 @@ def main(argv=None):
         print(f"{scope:<10}{b['params'] / 1e6:>16.2f}{a['params'] / 1e6:>9.2f}"
               f"{b['macs'] / 1e9:>14.2f}{a['macs'] / 1e9:>9.2f}{b['macs'] / a['macs']:>8.3f}")
     if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(to_json(osp.normpath(args.config), shape, data['inputs'].shape, rows), f,
-                      indent=2)
+        write_json(to_json(osp.normpath(args.config), shape, data['inputs'].shape, rows),
+                   args.json)
     return rows
 
 

@@ -13,8 +13,14 @@ the config's ``default_scope``) and is drawn with their ``DetLocalVisualizer`` /
 ``SegLocalVisualizer``. ``--reparam`` folds the model first (``mmrepa.apis.init_model(...,
 reparam=True)``): the picture and the printed lines are the same. Prints one line per detection
 above ``--score-thr``, or the area of every predicted class.
+
+A picture may not be an input (an image, the config, the checkpoint) or a link to one, nor
+OUT_DIR the image folder or a folder holding an input: checked before the model is built. Each
+picture is written atomically; OUT_DIR's pictures go to a temporary folder beside it, moved into
+OUT_DIR at the end (its other files are kept), so a failed or killed run leaves none half drawn.
 """
 import argparse
+import contextlib
 import os
 import os.path as osp
 import sys
@@ -121,6 +127,12 @@ def main(argv=None):
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
     images = image_files(args)
+    from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs
+    check_outputs('tools/image_demo.py', [('--out-file', args.out_file),
+                                          ('--out-dir', args.out_dir, True)],
+                  [('config', args.config), ('checkpoint', args.checkpoint),
+                   ('image' if osp.isfile(args.image) else 'image folder', args.image),
+                   *(('image', image) for image, _ in images)])
 
     from mmrepa.apis import init_model, one_line_errors
 
@@ -140,11 +152,15 @@ def main(argv=None):
         from mmseg.visualization import SegLocalVisualizer
         visualizer = SegLocalVisualizer(name='image_demo', alpha=0.5)
         visualizer.dataset_meta = dict(classes=meta['classes'], palette=meta['palette'])
-    for path, out_file in images:
-        if len(images) > 1:
-            print(f'{path}:')
-        draw_predictions(model, visualizer, path, out_file, args.score_thr)
-        print(f'wrote {out_file} ({"folded" if args.reparam else "as trained"} model)')
+    with contextlib.ExitStack() as stack:
+        folder = args.out_dir and stack.enter_context(atomic_folder(args.out_dir, replace=False))
+        for path, out_file in images:
+            if len(images) > 1:
+                print(f'{path}:')
+            with atomic_output(osp.join(folder, osp.basename(out_file)) if folder
+                               else out_file) as tmp:
+                draw_predictions(model, visualizer, path, tmp, args.score_thr)
+            print(f'wrote {out_file} ({"folded" if args.reparam else "as trained"} model)')
 
 
 def draw_predictions(model, visualizer, path: str, out_file: str, score_thr: float) -> None:

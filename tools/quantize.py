@@ -26,13 +26,14 @@ trained. Reported:
 
 Calibration data that does not match the exported input (``--shape`` other than the pipeline's,
 or a pipeline giving several sizes) is refused before anything is written; the INT8 file and
-``--dump`` are written atomically, never half.
+``--dump`` are written atomically, never half. Neither may be an input (the config, the
+checkpoint, the calibration and test data) or a link to one, even with --force; this is checked
+first.
 """
 import argparse
 import contextlib
 import copy
 import io
-import json
 import os.path as osp
 import sys
 import tempfile
@@ -42,11 +43,10 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import init_model, load_config, one_line_errors
-from mmrepa.checkpoint.saving import check_output_path
 from mmrepa.errors import ConfigError
 from mmrepa.fold.protocol import is_foldable
-from mmrepa.tool_inputs import check_inputs
-from mmrepa.utils.files import atomic_output
+from mmrepa.tool_inputs import check_inputs, config_inputs
+from mmrepa.utils.files import check_outputs, write_json
 from mmrepa.utils.latency import time_interleaved
 from mmrepa.utils.machine import finish, machine_info
 from mmrepa.utils.onnx import (TensorForward, export_onnx, flatten_outputs, onnx_max_abs_error,
@@ -199,12 +199,6 @@ def main_metric(metrics: dict) -> str:
     return next(iter(metrics))
 
 
-def write_json(obj, path: str) -> None:
-    """``obj`` as JSON at ``path`` through a temporary file renamed in one step."""
-    with atomic_output(path, suffix='.json.tmp') as tmp, open(tmp, 'w') as f:
-        json.dump(obj, f, indent=2)
-
-
 def print_report(report, forms, limit: int = 12) -> None:
     short = {'unfolded': 'unfold', 'folded': 'folded', 'identity-apart': 'id-apart'}
     cols = ' '.join(f'{short[f]:>8s}' for f in forms)
@@ -222,17 +216,18 @@ def print_report(report, forms, limit: int = 12) -> None:
 def main(argv=None) -> dict:
     """Returns the results (as --dump writes them)."""
     args = parse_args(argv)
-    require('onnx', 'onnxruntime', tool=TOOL)
-    cfg = load_config(args.config, args.cfg_options)
-    check_inputs(cfg, TOOL, splits=('test', ) if args.calib_split == 'test' else
-                 ('train', 'test'),
-                 checkpoints=[('checkpoint to quantize', 'CHECKPOINT argument', args.checkpoint)])
     part = 'full' if args.full else 'backbone'
     name = osp.splitext(osp.basename(args.config))[0]
     out = args.out or f'{name}_{part}_{args.form}_int8.onnx'
-    check_output_path(out, args.checkpoint, args.force)
-    if args.dump:
-        check_output_path(args.dump, args.checkpoint, force=True)
+    outputs = [('--out', out), ('--dump', args.dump)]  # --force: --out; --dump is replaced
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
+    check_outputs(TOOL, outputs[:1], [], force=args.force)
+    require('onnx', 'onnxruntime', tool=TOOL)
+    cfg = load_config(args.config, args.cfg_options)
+    splits = ('test', ) if args.calib_split == 'test' else ('train', 'test')
+    check_outputs(TOOL, outputs, config_inputs(cfg, splits))
+    check_inputs(cfg, TOOL, splits=splits,
+                 checkpoints=[('checkpoint to quantize', 'CHECKPOINT argument', args.checkpoint)])
 
     model = init_model(cfg, args.checkpoint)
     if args.full and not is_single_stage_detector(model):

@@ -5,7 +5,9 @@
 Builds the model and the training data loader of CONFIG, loads CHECKPOINT's ``state_dict``,
 recalibrates the backbone's BatchNorm statistics over N training batches with drop-path off
 (``mmrepa.engine.recalibrate_model_bn``) and writes OUT.pth: the same checkpoint with the new
-statistics. Before building anything it checks that the training data and CHECKPOINT exist.
+statistics. Before building anything it checks that the training data and CHECKPOINT exist
+and that OUT.pth is none of the inputs (CHECKPOINT, CONFIG, the data) nor a link to one: an
+existing OUT.pth is replaced, atomically (a temporary file beside it, renamed at the end).
 """
 import torch
 from mmengine.runner import Runner
@@ -13,7 +15,11 @@ from mmengine.runner import Runner
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.apis import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.engine import recalibrate_model_bn
-from mmrepa.tool_inputs import check_inputs
+from mmrepa.checkpoint.saving import save_atomically
+from mmrepa.tool_inputs import check_inputs, config_inputs
+from mmrepa.utils.files import check_outputs
+
+TOOL = 'tools/recalibrate_bn.py'
 
 
 def parse_args():
@@ -28,10 +34,13 @@ def parse_args():
     return parser.parse_args()
 
 
-@one_line_errors('tools/recalibrate_bn.py')
+@one_line_errors(TOOL)
 def main():
     args = parse_args()
+    outputs = [('OUT', args.out)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
     cfg = tool_config(args)
+    check_outputs(TOOL, outputs, config_inputs(cfg, splits=('train', )))
     cfg.load_from, cfg.resume = None, False
     check_inputs(cfg, 'tools/recalibrate_bn.py', splits=('train', ),
                  checkpoints=[('checkpoint to recalibrate', 'CHECKPOINT argument',
@@ -45,7 +54,7 @@ def main():
     loader = runner.build_dataloader(cfg.train_dataloader)
     used = recalibrate_model_bn(runner.model, loader, args.num_batches)
     ckpt['state_dict'] = runner.model.state_dict()
-    torch.save(ckpt, args.out)
+    save_atomically(ckpt, args.out)
     runner.logger.info(f'recalibrated the BatchNorm statistics on {used} training batches; '
                        f'wrote {args.out}')
 

@@ -8,8 +8,9 @@ True`` added. Load it with the same config and the backbone built folded:
 
     python tools/test.py CONFIG OUT --cfg-options model.backbone.deploy=True
 
-The input is never overwritten; OUT is written atomically and an existing OUT is refused
-unless --force is given.
+OUT may not be an input (CHECKPOINT, CONFIG, a file the config reads) or a link to one, even
+with --force; it is written atomically (a temporary file beside it, renamed at the end, removed
+on an error or SIGTERM) and an existing OUT is refused unless --force is given.
 """
 import argparse
 import os.path as osp
@@ -18,8 +19,12 @@ from mmengine.config import DictAction
 from mmengine.runner import load_checkpoint
 
 import mmrepa
-from mmrepa.apis import init_model, one_line_errors
-from mmrepa.checkpoint import check_output_path, save_atomically
+from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.checkpoint import save_atomically
+from mmrepa.tool_inputs import config_inputs
+from mmrepa.utils.files import check_outputs
+
+TOOL = 'tools/reparameterize.py'
 
 
 def parse_args(argv=None):
@@ -32,11 +37,15 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-@one_line_errors('tools/reparameterize.py')
+@one_line_errors(TOOL)
 def main(argv=None):
     args = parse_args(argv)
-    check_output_path(args.out, args.checkpoint, args.force)
-    model = init_model(args.config, cfg_options=args.cfg_options)
+    outputs = [('OUT', args.out)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)],
+                  args.force)
+    cfg = load_config(args.config, args.cfg_options)
+    check_outputs(TOOL, outputs, config_inputs(cfg), args.force)  # e.g. RepOptVGG's scales
+    model = init_model(cfg)
     # loaded here rather than by init_model: the checkpoint's meta is kept
     checkpoint = load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)
     model.eval()

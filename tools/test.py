@@ -14,8 +14,15 @@ DIR/IMAGE for mmdet, DIR/vis_data/vis_image/test_IMAGE_N.png for mmseg (its visu
 save_dir), DIR/IMAGE_N.png for mmpretrain. A relative DIR is taken from the current directory
 (mmdet's tool puts it under the work dir). ``--out FILE.pkl`` dumps every test image's
 predictions (mmengine's ``DumpResults``; mmdet's ``DumpDetResults``, masks RLE-encoded).
+
+No output may be an input (CHECKPOINT, CONFIG, the test data: data root, annotation file,
+image folder) or a link to one, and ``--show-dir`` may not hold one; this is checked before
+anything is built. The files are written atomically (a temporary file beside each, renamed at
+the end), the pictures into a temporary folder beside DIR whose files are moved into DIR at the
+end (DIR's other files are kept): a failed or killed test (Ctrl-C, SIGTERM) leaves no partial
+output.
 """
-import json
+import contextlib
 import os.path as osp
 
 from mmengine.dist import is_main_process
@@ -27,7 +34,10 @@ from mmrepa.apis import (one_line_errors, setup_cpu_distributed, tool_argument_p
                          tool_config)
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.errors import ConfigError
-from mmrepa.tool_inputs import check_inputs
+from mmrepa.tool_inputs import check_inputs, config_inputs
+from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs, write_json
+
+TOOL = 'tools/test.py'
 
 
 def parse_args():
@@ -73,11 +83,15 @@ def show_predictions(cfg, show_dir: str) -> None:
         hook.update(enable=True, out_dir=show_dir, interval=1)
 
 
-def dump_results_metric(cfg, out: str):
-    """The metric that dumps every prediction to ``out`` (a pickle file)."""
+def check_pickle_name(out: str) -> None:
     if not out.endswith(('.pkl', '.pickle')):
         raise ConfigError(f'--out {out}: the predictions are dumped as a pickle; name a .pkl '
                           'file')
+
+
+def dump_results_metric(cfg, out: str):
+    """The metric that dumps every prediction to ``out`` (a pickle file)."""
+    check_pickle_name(out)
     if cfg.get('default_scope') == 'mmdet':
         from mmdet.evaluation import DumpDetResults  # masks RLE-encoded, ground truth dropped
         return DumpDetResults(out_file_path=osp.abspath(out))
@@ -85,17 +99,32 @@ def dump_results_metric(cfg, out: str):
     return DumpResults(out_file_path=osp.abspath(out))
 
 
-@one_line_errors('tools/test.py')
+@one_line_errors(TOOL)
 def main():
     args = parse_args()
+    outputs = [('--dump-metrics', args.dump_metrics), ('--out', args.out),
+               ('--show-dir', args.show_dir, True)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
+    if args.out:
+        check_pickle_name(args.out)
     cfg = tool_config(args)
+    check_outputs(TOOL, outputs, config_inputs(cfg, splits=('test', )))
     cfg.load_from = args.checkpoint
     check_inputs(cfg, 'tools/test.py', splits=('test', ),
                  checkpoints=[('checkpoint to test', 'CHECKPOINT argument', args.checkpoint)])
     load_checkpoint_file(args.checkpoint)  # unreadable or foreign: stop before the runner writes
+    with contextlib.ExitStack() as temporaries:
+        run_test(cfg, args, temporaries)
+
+
+def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
+    """Run the test; the outputs are written through temporaries entered on ``temporaries``
+    and moved into place when it closes without an error."""
+    # the ranks of a distributed run draw into one folder: DIR itself, not a temporary each
+    distributed = cfg.get('launcher', 'none') != 'none'
     if args.show_dir:
-        show_predictions(cfg, args.show_dir)
-    dump = dump_results_metric(cfg, args.out) if args.out else None
+        show_predictions(cfg, args.show_dir if distributed else temporaries.enter_context(
+            atomic_folder(args.show_dir, replace=False)))
     setup_cpu_distributed(cfg)
     if args.reparam:
         cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
@@ -104,13 +133,14 @@ def main():
                  num_batches=max(1, args.latency_batches))
         ]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    if dump is not None:
-        runner.test_evaluator.metrics.append(dump)
+    if args.out:  # every rank has the metric; the main process alone writes (a temporary)
+        runner.test_evaluator.metrics.append(dump_results_metric(
+            cfg, temporaries.enter_context(atomic_output(args.out)) if is_main_process()
+            else args.out))
     metrics = runner.test()
     if args.dump_metrics and is_main_process():
-        with open(args.dump_metrics, 'w') as f:
-            json.dump({k: float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
-                       for k, v in metrics.items()}, f, indent=2)
+        write_json({k: float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
+                    for k, v in metrics.items()}, args.dump_metrics)
 
 
 if __name__ == '__main__':

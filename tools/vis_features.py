@@ -9,9 +9,10 @@ OUT.png has one row per backbone output: the input image, the output before and 
 (projected on its first principal component over channels, the same projection for both) and
 the largest absolute difference over channels at each position, each panel with its own colour
 scale. Prints each output's largest absolute and relative
-difference (relative to the largest absolute value before folding).
+difference (relative to the largest absolute value before folding). OUT.png may not be an input
+(the image, the config, the checkpoint) or a link to one, checked before the model is built; it
+is written atomically.
 """
-import os
 import os.path as osp
 import sys
 
@@ -104,6 +105,11 @@ def main(argv=None):
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
 
+    from mmrepa.utils.files import atomic_output, check_outputs
+    check_outputs('tools/vis_features.py', [('--out-file', args.out_file)],
+                  [('config', args.config), ('checkpoint', args.checkpoint),
+                   ('image', args.image)])
+
     import copy
 
     import torch
@@ -127,10 +133,10 @@ def main(argv=None):
         print(f'output {i} {"x".join(map(str, row["shape"]))}: max |value| '
               f'{row["max_abs"]:.4g}, max abs diff {row["max_diff"]:.3e}, relative '
               f'{row["rel_diff"]:.3e}')
-    os.makedirs(osp.dirname(osp.abspath(args.out_file)), exist_ok=True)
-    draw(args.out_file, image, inputs, before, after,
-         rows, f'{type(model.backbone).__name__} of {osp.basename(args.config)} '
-         f'({osp.basename(args.checkpoint)}) before and after folding')
+    with atomic_output(args.out_file) as tmp:  # .tmp.png: matplotlib reads the extension
+        draw(tmp, image, inputs, before, after,
+             rows, f'{type(model.backbone).__name__} of {osp.basename(args.config)} '
+             f'({osp.basename(args.checkpoint)}) before and after folding')
     print(f'wrote {args.out_file}')
     return rows
 

@@ -353,7 +353,8 @@ class _IndentedDumper(yaml.SafeDumper):
 
 
 def _dump(data: dict, path: str) -> None:
-    with open(path, 'w') as f:
+    from mmrepa.utils.files import atomic_output  # whole or not at all, as every tool's output
+    with atomic_output(path) as tmp, open(tmp, 'w') as f:
         f.write(HEADER)
         yaml.dump(data, f, Dumper=_IndentedDumper, sort_keys=False, width=100,
                   allow_unicode=True)

@@ -6,13 +6,18 @@ OUT holds one vector per layer and branch, ``stage0.scale_{conv,1x1}.weight`` an
 ``stage{k}.{j}.scale_{conv,1x1,identity}.weight`` (the layout of the released
 RepOpt-VGG-*-scales.pth files), which a target config takes as ``model.backbone.scales``. The
 checkpoint is loaded strictly into the HS config's model first, so a checkpoint of another arch
-stops here. The input is never overwritten; OUT is written atomically.
+stops here. OUT may not be an input (the checkpoint, the config) or a link to one, even with
+--force; it is written atomically, and an existing OUT needs --force.
 """
 import argparse
 import sys
 
-from mmrepa.apis import init_model, one_line_errors
-from mmrepa.checkpoint import check_output_path, save_atomically
+from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.checkpoint import save_atomically
+from mmrepa.tool_inputs import config_inputs
+from mmrepa.utils.files import check_outputs
+
+TOOL = 'tools/misc/repopt_export_scales.py'
 
 
 def parse_args(argv=None):
@@ -24,11 +29,15 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-@one_line_errors('tools/misc/repopt_export_scales.py')
+@one_line_errors(TOOL)
 def main(argv=None):
     args = parse_args(argv)
-    check_output_path(args.out, args.checkpoint, args.force)
-    backbone = init_model(args.config, args.checkpoint).backbone
+    outputs = [('OUT', args.out)]
+    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)],
+                  args.force)
+    cfg = load_config(args.config)
+    check_outputs(TOOL, outputs, config_inputs(cfg), args.force)
+    backbone = init_model(cfg, args.checkpoint).backbone
     if type(backbone).__name__ != 'RepOptVGG' or backbone.mode != 'hs':
         sys.exit(f"{args.config}: the backbone is not RepOptVGG(mode='hs'); give the "
                  'Hyper-Search config the checkpoint was trained with')

@@ -21,6 +21,7 @@ from mmengine.optim import build_optim_wrapper
 import mmrepa
 from mmrepa.backbones import RepOptVGG
 from mmrepa.utils import complexity, time_interleaved
+from mmrepa.utils.files import write_json
 from mmrepa.utils.machine import finish, machine_info
 
 
@@ -115,8 +116,7 @@ def main():
     result['machine'] = finish(machine)
     print(json.dumps(result, indent=2))
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=2)
+        write_json(result, args.out)  # atomic: never half a file
 
 
 if __name__ == '__main__':
