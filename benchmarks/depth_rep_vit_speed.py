@@ -16,7 +16,10 @@ Per folded model: parameters, MACs ("full": with the attention matmuls, what
 ``mmrepa.utils.complexity`` counts; "paper": without them, SPEC §7.7), median / min / max ms,
 speed-up = t12 / t, MACs ratio = MACs12 / MACs, speed-up / MACs ratio (target >= 0.9), latency
 change against 12 layers (the paper reports -36.9 / -49.5 / -53.1 % for D-MAE-6/4/3-R against
-DeiT-Tiny), and the largest difference between the folded and the unfolded (λ = 1) output.
+DeiT-Tiny), and the largest difference between the folded and the unfolded (λ = 1) output. The
+unfolded output is computed branch by branch (``fast_joined_forward=False``): the layers' fast
+λ = 1 forward runs on weights summed by the same arithmetic as the fold, and a fold error there
+would be on both sides of the difference.
 """
 import argparse
 import copy
@@ -90,7 +93,9 @@ class Pooled(nn.Module):
 
 
 def build(with_head: bool, seed: int, **kwargs):
-    """(unfolded at λ = 1, folded) models, in eval mode."""
+    """(unfolded at λ = 1, folded) models, in eval mode. The unfolded one computes its
+    branches and their join (not the folded computation on summed weights): the reference
+    the fold is checked against."""
     torch.manual_seed(seed)
     backbone = DepthRepViT('tiny', **kwargs)
     backbone.init_weights()
@@ -99,6 +104,9 @@ def build(with_head: bool, seed: int, **kwargs):
     model = (Classifier if with_head else Pooled)(backbone).eval()
     folded = copy.deepcopy(model)
     folded.backbone.reparameterize()
+    for module in model.modules():
+        if hasattr(module, 'fast_joined_forward'):
+            module.fast_joined_forward = False
     return model, folded
 
 

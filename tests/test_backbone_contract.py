@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmrepa import FoldError, reparameterize
+from mmrepa import FoldError, fold_model, reparameterize
 from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNSwin, RePaSwin
 from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 
@@ -71,16 +71,21 @@ def _trainable(model, prefixes):
 @pytest.mark.parametrize('name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer',
                                   'depth_rep_vit'])
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
-def test_folding_keeps_frozen_stages_frozen(name, frozen_stages):
+@pytest.mark.parametrize('how', ['switch_to_deploy', 'fold_model'])
+def test_folding_keeps_frozen_stages_frozen(name, frozen_stages, how):
+    """Checked right after the fold: a train() or eval() call in between would freeze the
+    folded layers' new parameters itself and hide a fold that does not."""
     model = BACKBONES[name](frozen_stages=frozen_stages)
     stem = (model.stem_name + '.', )
     frozen = stem + tuple(f'stages.{i}.' for i in range(frozen_stages))
     frozen += tuple(f'norm{i}.' for i in range(frozen_stages))
     free = tuple(f'stages.{i}.' for i in range(frozen_stages, model.num_stages))
     for state in ('built', 'folded'):
-        if state == 'folded':
+        if state == 'folded' and how == 'switch_to_deploy':
             model.train().switch_to_deploy()  # in training mode, as mmdeploy calls it
+        elif state == 'folded':
             model.eval()
+            fold_model(model, logger=None)
         assert not _trainable(model, frozen), f'{state}: frozen parameters are trainable'
         assert _trainable(model, free), f'{state}: the stages after the frozen ones are frozen'
         assert all(not m.training for k, m in model.named_modules()

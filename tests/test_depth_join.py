@@ -264,6 +264,26 @@ def test_branches_start_as_independent_linears():
                for s in ffn.branch_state_dicts())
 
 
+@pytest.mark.parametrize('join', JOINS)
+@pytest.mark.parametrize('n', [1, 3])
+def test_the_branch_forward_at_one_does_not_use_the_fold_arithmetic(join, n, monkeypatch):
+    """``fast_joined_forward=False`` (what benchmarks check folds against): at λ = 1 the
+    layers compute their branches and the join, the SPEC's formula, without the summed
+    weights the fold also uses."""
+    blk = block(d=12, heads=3, n=n, join=join, lam=1.0, seed=n, window_size=2)
+    x = torch.randn(2, 15, 12, dtype=F64)
+    ref = reference_block(blk, x, hw=(3, 5))
+
+    def summed_weights(self, dtype=None):
+        raise AssertionError('the branch forward used the fold arithmetic')
+
+    for layer in (JoinedAttention, JoinedFFN):
+        monkeypatch.setattr(layer, '_folded_tensors', summed_weights)
+    blk.attn.fast_joined_forward = blk.mlp.fast_joined_forward = False
+    with torch.no_grad():
+        assert rel_err(blk(x, (3, 5)), ref) < 1e-12
+
+
 # -------------------------------------------------------------- the fold
 
 

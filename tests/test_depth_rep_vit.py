@@ -3,6 +3,7 @@
 ViT at one branch, checkpoint conversion and its head-count check, the diversity loss, and the
 options users know from mmpretrain and mmdet."""
 import copy
+import functools
 import json
 import os.path as osp
 import re
@@ -16,6 +17,8 @@ from mmrepa.backbones import DepthRepViT
 from mmrepa.errors import CheckpointError, ConfigError
 from mmrepa.fold import FoldError
 from mmrepa.utils.complexity import complexity
+
+from .test_depth_join import reference_block
 
 F64 = torch.float64
 JOINS = ('logits', 'qkv')
@@ -123,33 +126,55 @@ DENSE = dict(with_cls_token=False, out_type='featmap', window_size=3, global_blo
              out_indices=(0, 1), img_size=64)
 
 
+def joined_formula(model):
+    """A copy of the joined model (λ = 1) whose blocks compute the SPEC's per-branch formulas
+    (``tests/test_depth_join.reference_block``: each branch's own qkv, proj, fc1 and fc2,
+    explicit N x N logits per branch, windows cut at the map's edge without padding). It never
+    runs the fold's arithmetic, which the layers' own forward at λ = 1 shares with the fold:
+    a fold that is wrong in both (a wrong 1/n on q) cannot pass a comparison with it."""
+    reference = copy.deepcopy(model)
+    for block in reference.stages:
+        block.forward = functools.partial(_block_by_formula, block)
+    return reference
+
+
+def _block_by_formula(block, x, hw_shape=None):
+    return reference_block(block, x, hw=hw_shape)
+
+
 @pytest.mark.parametrize('join', JOINS)
 @pytest.mark.parametrize('n', [2, 4])
 @pytest.mark.parametrize('kind, size', [('avg', (64, 64)), ('cls', (48, 80)),
                                         ('featmap', (200, 328)), ('featmap', (81, 47))])
-def test_fold_is_exact(join, n, kind, size):
-    """float64, every parameter random: the folded backbone equals the joined one to 1e-10
-    relative, for pooled outputs and for dense maps whose token grid (13x21, 6x3) is not a
-    multiple of the window (padding masked), with windowed and global blocks."""
+def test_fold_equals_the_joined_formula(join, n, kind, size):
+    """float64, every parameter random: the folded backbone (n times shallower) equals the
+    joined one computed branch by branch to 1e-10 relative, for pooled outputs and for dense
+    maps whose token grid (13x21, 6x3) is not a multiple of the window (padding masked), with
+    windowed and global blocks."""
     options = DENSE if kind == 'featmap' else dict(out_type=kind, img_size=64)
     model = joined(randomized(DepthRepViT(DEEPER, num_branches=n, join=join, **options)))
     x = torch.randn(2, 3, *size, dtype=F64)
     with torch.no_grad():
-        ref = model(x)
+        ref = joined_formula(model)(x)
+        assert rel_err(model(x), ref) <= 1e-10  # the λ = 1 training forward
         model.reparameterize()
+        assert len(model.stages) == DEEPER['num_layers'] // n
         out = model(x)
     assert rel_err(out, ref) <= 1e-10
     if kind == 'featmap':
         assert [o.shape for o in out] == [(2, 24, -(-size[0] // 16), -(-size[1] // 16))] * 2
 
 
-def test_float32_fold_is_close():
-    model = joined(randomized(DepthRepViT(SMALL, num_branches=2, **DENSE))).float()
-    x = torch.randn(1, 3, 200, 328)
+@pytest.mark.parametrize('join', JOINS)
+def test_float32_fold_is_close(join):
+    """The float32 model folded against the joined formula in float64 (same weights)."""
+    model = joined(randomized(DepthRepViT(SMALL, num_branches=2, join=join, **DENSE)))
+    x = torch.randn(1, 3, 200, 328, dtype=F64)
     with torch.no_grad():
-        ref = model(x)
-        model.reparameterize()
-        assert rel_err(model(x), ref) <= 1e-4
+        ref = joined_formula(model)(x)
+        model.float().reparameterize()
+        assert model.stages[0].attn.qkv.weight.dtype == torch.float32
+        assert rel_err(model(x.float()), ref) <= 1e-5
 
 
 @pytest.mark.parametrize('lam', [0.0, 0.5, 0.99])
@@ -361,6 +386,19 @@ def test_frozen_stages_and_layer_depths():
     assert model.get_layer_depth('head.fc.weight', 'backbone.') == (3, 4)
 
 
+@pytest.mark.parametrize('fold', [False, True])
+def test_frozen_stages_zero_freezes_the_embeddings_only(fold):
+    """frozen_stages=0: the patch embedding, the position embedding and the class token, in
+    training mode and right after a fold (no train() or eval() in between)."""
+    model = joined(DepthRepViT(SMALL, num_branches=2, frozen_stages=0, img_size=64)).train()
+    if fold:
+        model.switch_to_deploy()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {'cls_token', 'pos_embed', 'patch_embed.projection.weight',
+                      'patch_embed.projection.bias'}
+    assert not model.patch_embed.training and model.stages[0].training
+
+
 def test_layer_wise_lr_decay_in_mmpretrain():
     """mmpretrain's LearningRateDecayOptimWrapperConstructor gives every parameter of a
     block (all its branches) one learning rate, decaying towards the input."""
@@ -433,6 +471,30 @@ def test_a_classifier_checkpoint_initializes_the_dense_backbone(tmp_path):
     assert torch.equal(dense.stages[1].attn.branch_qkv.weight,
                        classifier.stages[1].attn.branch_qkv.weight)
     assert dense.pos_embed.shape == (1, 36, 24)
+    # the class token's entry (the first) is dropped, the 4x4 grid resized to 6x6
+    grid = classifier.pos_embed[:, 1:].reshape(1, 4, 4, 24).permute(0, 3, 1, 2)
+    grid = torch.nn.functional.interpolate(grid, size=(6, 6), mode='bicubic',
+                                           align_corners=False)
+    assert torch.equal(dense.pos_embed, grid.flatten(2).transpose(1, 2))
+
+
+@pytest.mark.parametrize('layout', ['mmrepa', 'timm'])
+def test_a_class_token_checkpoint_drops_the_class_tokens_position(tmp_path, layout):
+    """Loaded into a model without a class token, a checkpoint's position table loses its
+    first entry (the class token's) and keeps the patches' entries as they are."""
+    source = randomized(DepthRepViT(SMALL, num_branches=1, img_size=64))
+    state = source.state_dict()
+    if layout == 'timm':  # one branch folds into timm's block names
+        folded = copy.deepcopy(source)
+        folded.reparameterize()
+        state = {k.replace('stages.', 'blocks.').replace('patch_embed.projection.',
+                                                         'patch_embed.proj.'): v
+                 for k, v in folded.state_dict().items()}
+    path = save(tmp_path, state)
+    model = DepthRepViT(SMALL, num_branches=1, img_size=64, with_cls_token=False).to(F64)
+    model.load_pretrained(path, num_heads=SMALL['num_heads'])
+    assert torch.equal(model.pos_embed, source.pos_embed[:, 1:])
+    assert torch.equal(model.patch_embed.projection.weight, source.patch_embed.projection.weight)
 
 
 # ----------------------------------------------------------------------- tools

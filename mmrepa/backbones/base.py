@@ -10,7 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..checkpoint.loading import (LoadReport, check_shapes, load_state_dict_checked,
                                   read_state_dict)
 from ..errors import ConfigError
-from ..fold import Reparameterizable, check_eval_mode, fold_submodules
+from ..fold import Reparameterizable, fold_submodules
 from ..registry import build_norm_layer
 
 
@@ -85,9 +85,9 @@ class DenseBackbone(Reparameterizable, BaseModule):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def reparameterize(self) -> None:
-        """Fold every foldable part (eval mode required); idempotent. Frozen stages stay
-        frozen: the folded layers are new parameters, which would otherwise be trainable."""
-        check_eval_mode(self)
+        """Fold every foldable part (eval mode required, all or nothing: see
+        :class:`~mmrepa.fold.Reparameterizable`); idempotent. Frozen stages stay frozen: the
+        folded layers are new parameters, which would otherwise be trainable."""
         fold_submodules(self)
         self.deploy = True
         self._freeze_stages()

@@ -8,7 +8,7 @@ hidden channels), which fold into three matrices at test time (SPEC §1).
 Everything runs channels-last, (B, H, W, C), as the original release does; the outputs are NCHW.
 """
 import re
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -18,7 +18,7 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import ConfigError
-from ..fold import Reparameterizable, check_fold_state
+from ..fold import Reparameterizable, check_fold_state, norm_fold_problems
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, checkpoint_forward, num_active_channels)
 from ..registry import build_activation_layer, build_norm_layer
@@ -168,6 +168,13 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
         if self.with_cp:
             return checkpoint_forward(self, self._forward, x)
         return self._forward(x)
+
+    def fold_problems(self) -> List[str]:
+        """The norms the MLP branch's fold reads must have finite running statistics."""
+        if self.deploy:
+            return []
+        return norm_fold_problems(self.norm2, 'norm2') + norm_fold_problems(self.mlp.norm,
+                                                                             'mlp.norm')
 
     @torch.no_grad()
     def reparameterize(self) -> None:

@@ -6,7 +6,7 @@ loads its checkpoints unchanged.
 import math
 import re
 import warnings
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -16,7 +16,8 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import ConfigError
-from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
+from ..fold import (Reparameterizable, fold_dtype, is_affine_norm, norm_affine,
+                    norm_fold_problems)
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
                       channels_last_norm, checkpoint_forward, shifted_window_mask)
 from ..registry import build_norm_layer
@@ -149,6 +150,10 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
         if self.with_cp:
             return checkpoint_forward(self, self._forward, x, hw_shape, mask)
         return self._forward(x, hw_shape, mask)
+
+    def fold_problems(self) -> List[str]:
+        """An affine ``norm1`` must have finite running statistics."""
+        return norm_fold_problems(self.norm1, 'norm1')
 
     @torch.no_grad()
     def reparameterize(self) -> None:

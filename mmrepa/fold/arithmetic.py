@@ -1,5 +1,5 @@
 """The arithmetic shared by every fold, and the check that a checkpoint has the right form."""
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -14,15 +14,38 @@ def fold_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32 if t.device.type == 'mps' else torch.float64
 
 
+def _batchnorm_problem(bn: _BatchNorm) -> Optional[str]:
+    """Why :func:`batchnorm_affine` refuses ``bn``, or None."""
+    if bn.running_mean is None or bn.running_var is None:
+        return ('BatchNorm without running statistics (track_running_stats=False) is not an '
+                'affine map at inference and cannot be folded')
+    if not (torch.isfinite(bn.running_mean).all() and torch.isfinite(bn.running_var).all()):
+        return ('BatchNorm running statistics are not finite (NaN or inf); the checkpoint or '
+                'the training run that produced them is broken')
+    return None
+
+
+def norm_fold_problems(norm: Optional[nn.Module], name: str) -> List[str]:
+    """Why :func:`norm_affine` would refuse ``norm`` (named ``name`` in its owner), without
+    computing it: each BatchNorm in it (itself, or RepBN's and PRepBN's) that has no running
+    statistics or non-finite ones. For a module's ``fold_problems()``; reads only."""
+    if norm is None or not is_affine_norm(norm):
+        return []
+    problems = []
+    for path, bn in norm.named_modules():
+        problem = _batchnorm_problem(bn) if isinstance(bn, _BatchNorm) else None
+        if problem is not None:
+            where = f'{name}.{path}' if path else name
+            problems.append(f'{where} ({type(bn).__name__}): {problem}')
+    return problems
+
+
 def batchnorm_affine(bn: _BatchNorm, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(scale, shift)`` with ``bn(x) == x * scale + shift`` per channel in eval mode."""
-    if bn.running_mean is None or bn.running_var is None:
-        raise FoldError('BatchNorm without running statistics (track_running_stats=False) '
-                        'is not an affine map at inference and cannot be folded')
+    problem = _batchnorm_problem(bn)
+    if problem is not None:
+        raise FoldError(problem)
     mean, var = bn.running_mean.to(dtype), bn.running_var.to(dtype)
-    if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
-        raise FoldError('BatchNorm running statistics are not finite (NaN or inf); the '
-                        'checkpoint or the training run that produced them is broken')
     scale = torch.rsqrt(var + bn.eps)
     if bn.weight is not None:
         scale = scale * bn.weight.to(dtype)

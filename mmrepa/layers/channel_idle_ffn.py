@@ -1,6 +1,6 @@
 """The channel-idle FFN of RePaFormer (SPEC §1) and its exact three-matrix fold."""
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
 from ..fold import (Reparameterizable, check_fold_state, fold_dtype, is_affine_norm,
-                    norm_affine)
+                    norm_affine, norm_fold_problems)
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .activations import bare_activation, has_output_affine, output_affine
 
@@ -270,6 +270,17 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         if not self.shortcut_folded:
             out = self._add_shortcut(out, x)
         return out.view(shape)
+
+    def fold_problems(self) -> List[str]:
+        """The norms the fold reads (an affine pre-norm, the hidden norm) must have finite
+        running statistics; the hidden norm, between two matrices, must be affine."""
+        problems = []
+        if self.norm2 is not None and not is_affine_norm(self.norm2):
+            problems.append(f'norm2 ({type(self.norm2).__name__}) normalizes each token, which '
+                            f'is not an affine map: a hidden norm must be a BatchNorm, RepBN or '
+                            f'PRepBN (hidden_norm_cfg) to fold')
+        return (problems + norm_fold_problems(self.norm1 if self.prenorm_folds else None, 'norm1')
+                + norm_fold_problems(self.norm2, 'norm2'))
 
     @torch.no_grad()
     def reparameterize(self) -> None:

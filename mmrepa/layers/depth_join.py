@@ -31,7 +31,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
 from ..errors import ConfigError
-from ..fold import FoldError, Reparameterizable, check_fold_state, fold_dtype
+from ..fold import Reparameterizable, check_fold_state, fold_dtype
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .window_attention import window_partition, window_reverse
 
@@ -123,7 +123,14 @@ class _LambdaMixin:
     through :meth:`set_join_lambda`). Eval reads the buffer, because an EMA model receives λ
     by buffer copies that bypass :meth:`set_join_lambda`. The joined forward uses λ as a
     tensor, so a compiled model does not recompile at every step of the ramp.
+
+    ``fast_joined_forward`` (True): at λ = 1 (or with one branch) the forward runs the folded
+    computation on weights summed from the branches on the fly. False computes the n
+    branches and their join as at any other λ, without the arithmetic the fold shares with
+    that fast path: the reference a fold is checked against (slower, the same function).
     """
+
+    fast_joined_forward = True
 
     def _init_lambda(self, value: float) -> None:
         value = _check_lambda(value, type(self).__name__)
@@ -156,17 +163,19 @@ class _LambdaMixin:
             return self._join_lambda
         return float(self.join_lambda)
 
-    def _refuse_unless_joined(self, what: str) -> None:
-        """Raise :class:`FoldError` unless the fold is exact: λ == 1.0 (or a single branch,
-        whose output does not depend on λ)."""
+    def fold_problems(self) -> List[str]:
+        """The fold is exact only at λ == 1.0 (or with a single branch, whose output does not
+        depend on λ)."""
+        if self.deploy:
+            return []
         lam = float(self.join_lambda)
         if self.num_branches > 1 and lam != 1.0:
-            raise FoldError(
-                f'{what} has join_lambda = {lam!r}; its branches fold exactly only at '
-                f'join_lambda = 1.0 (below it the nonlinearities of different branches see '
-                f'different inputs, SPEC-depth §7.4). Finish the joining schedule (λ must reach '
-                f'exactly 1.0) and train on at λ = 1 before folding; a checkpoint saved '
-                f'mid-ramp cannot be folded.')
+            return [f'join_lambda = {lam!r}; its {self.num_branches} branches fold exactly only '
+                    f'at join_lambda = 1.0 (below it the nonlinearities of different branches '
+                    f'see different inputs, SPEC-depth §7.4). Finish the joining schedule (λ '
+                    f'must reach exactly 1.0) and train on at λ = 1 before folding; a checkpoint '
+                    f'saved mid-ramp cannot be folded.']
+        return []
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         check_fold_state(state_dict, prefix, self)
@@ -362,7 +371,8 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
                                 self.proj.bias, attn_mask)
         lam = self._lambda_for_forward()
         diversity = self._tracks_diversity()
-        if (lam == 1.0 or self.num_branches == 1) and not diversity:
+        if (lam == 1.0 or self.num_branches == 1) and not diversity \
+                and self.fast_joined_forward:
             # Every branch sees the same softmax input: the folded computation, with the
             # folded tensors formed from the branch parameters (differentiably).
             return self._attend(x, *self._folded_tensors(), attn_mask)
@@ -463,7 +473,6 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
         unless λ == 1.0 (or n == 1)."""
         if self.deploy:
             return
-        self._refuse_unless_joined(self.describe())
         like = self.branch_qkv.weight
         tensors = self._folded_tensors(fold_dtype(like))
         del self.branch_qkv, self.branch_proj, self.join_lambda
@@ -563,7 +572,8 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
             return self.fc2(self.act(self.fc1(x)))
         lam = self._lambda_for_forward()
         diversity = self._tracks_diversity()
-        if (lam == 1.0 or self.num_branches == 1) and not diversity:
+        if (lam == 1.0 or self.num_branches == 1) and not diversity \
+                and self.fast_joined_forward:
             w1, b1, w2, b2 = self._folded_tensors()  # every branch activates the same Z
             return F.linear(self.act(F.linear(x, w1, b1)), w2, b2)
         return self._branches(x, joined=lam != 0.0, diversity=diversity)
@@ -603,7 +613,6 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         :class:`FoldError` unless λ == 1.0 (or n == 1)."""
         if self.deploy:
             return
-        self._refuse_unless_joined(self.describe())
         like = self.branch_fc1.weight
         tensors = self._folded_tensors(fold_dtype(like))
         del self.branch_fc1, self.branch_fc2, self.join_lambda
@@ -758,13 +767,9 @@ class JoinedBlock(Reparameterizable, BaseModule):
     def reparameterize(self) -> None:
         """Fold both sub-layers (in place, float64, idempotent). Refuses with a
         :class:`FoldError` naming the block and λ unless λ == 1.0 in both sub-layers; nothing
-        is folded then."""
+        is folded then (:class:`~mmrepa.fold.Reparameterizable` checks both first)."""
         if self.deploy:
             return
-        for layer in (self.attn, self.mlp):
-            if not layer.deploy:
-                layer._refuse_unless_joined(
-                    f'{self.describe()} ({"attention" if layer is self.attn else "FFN"})')
         self.attn.reparameterize()
         self.mlp.reparameterize()
         self.deploy = True

@@ -4,6 +4,8 @@ Both subclasses keep mmcv's forward and state-dict names (``projection``/``reduc
 ``norm``); folding only rewrites the weights and sets ``norm`` to None, which mmcv's forward
 already skips. With a LayerNorm nothing folds and :meth:`reparameterize` changes nothing.
 """
+from typing import List
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -11,7 +13,8 @@ from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine
+from ..fold import (Reparameterizable, fold_dtype, is_affine_norm, norm_affine,
+                    norm_fold_problems)
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
 
@@ -40,6 +43,10 @@ class _NormFolding(Reparameterizable):
             if layer.bias is None:  # the folded layer needs one
                 layer.bias = nn.Parameter(layer.weight.new_zeros(layer.weight.shape[0]))
         self.deploy = True
+
+    def fold_problems(self) -> List[str]:
+        """An affine norm must have finite running statistics."""
+        return norm_fold_problems(self.norm, 'norm')
 
     @torch.no_grad()
     def reparameterize(self) -> None:

@@ -1,12 +1,12 @@
 """Inverted separable convolution, ConvFormer's token mixer, with its StarReLU-scale fold."""
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
 from ..errors import ConfigError
-from ..fold import FoldError, Reparameterizable, fold_dtype
+from ..fold import Reparameterizable, fold_dtype
 from ..registry import MODELS, build_activation_layer
 from .activations import SquaredReLU, has_output_affine, output_affine
 
@@ -58,6 +58,16 @@ class SepConv(Reparameterizable, BaseModule):
         x = self.dwconv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
         return self.pwconv2(x)
 
+    def fold_problems(self) -> List[str]:
+        """The activation's scale must not be 0 (it is divided by)."""
+        if self.deploy or not self.foldable:
+            return []
+        if output_affine(self.act1, fold_dtype(self.dwconv.weight))[0] == 0:
+            return ['the StarReLU scale before the depthwise conv is exactly 0, so its output is '
+                    'the constant bias, which the zero-padded conv does not map to a constant: '
+                    'this SepConv cannot be folded']
+        return []
+
     @torch.no_grad()
     def reparameterize(self) -> None:
         """Move the activation's scale into the depthwise kernels (in place, idempotent)."""
@@ -69,10 +79,6 @@ class SepConv(Reparameterizable, BaseModule):
         like = self.dwconv.weight
         dtype = fold_dtype(like)
         s, b = output_affine(self.act1, dtype)
-        if s == 0:
-            raise FoldError('the StarReLU scale before the depthwise conv is exactly 0, so its '
-                            'output is the constant bias, which the zero-padded conv does not '
-                            'map to a constant: this SepConv cannot be folded')
         # A conv bias is added after the kernel and stays as it is.
         self.dwconv.weight.copy_(like.to(dtype) * s)
         self.act1 = SquaredReLU(bias=True).to(device=like.device, dtype=like.dtype)
