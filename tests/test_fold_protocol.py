@@ -135,8 +135,21 @@ def _repa_swin_with_nan_statistics_in_the_last_block():
                    r'BatchNorm running statistics are not finite')
 
 
+def _repvgg_with_nan_statistics_in_the_last_layer():
+    """A RepVGG (three branches per layer, each with its BatchNorm): the 1x1 branch's
+    statistics of the last layer are not finite; every layer before it would fold."""
+    from mmrepa.backbones import RepOptVGG
+    model = RepOptVGG(dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8),
+                      mode='repvgg')
+    randomize_(model).eval()
+    model.stage4[-1].rbr_1x1.bn.running_var[1] = float('nan')
+    return model, (r'stage4\.0 \(RepVGGConvBN\): rbr_1x1\.bn \(BatchNorm2d\): BatchNorm running '
+                   r'statistics are not finite')
+
+
 REFUSED = {'depth_rep_vit_ffn_mid_ramp': _depth_rep_vit_with_one_ffn_mid_ramp,
-           'repa_swin_nan_in_last_block': _repa_swin_with_nan_statistics_in_the_last_block}
+           'repa_swin_nan_in_last_block': _repa_swin_with_nan_statistics_in_the_last_block,
+           'repvgg_nan_in_last_layer': _repvgg_with_nan_statistics_in_the_last_layer}
 
 
 @pytest.mark.parametrize('name', REFUSED)

@@ -13,16 +13,18 @@ All three fold (eval mode) into the same inference layer, ``ReLU(conv3x3 with bi
 and scale files load.
 """
 import math
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import CheckpointError, ConfigError
-from ..fold import Reparameterizable, check_eval_mode
-from ..fold.arithmetic import batchnorm_affine, check_fold_state, fold_dtype
+from ..fold import Reparameterizable
+from ..fold.arithmetic import (batchnorm_affine, check_fold_state, fold_dtype,
+                                norm_fold_problems)
 from ..registry import MODELS
 
 
@@ -98,11 +100,15 @@ class _RepOptLayer(Reparameterizable, BaseModule):
         """(kernel, bias) of the whole layer before the ReLU, in eval mode, in ``dtype``."""
         raise NotImplementedError
 
+    def fold_problems(self) -> List[str]:
+        """Every BatchNorm the fold reads must have finite running statistics."""
+        return [problem for name, bn in self.named_modules() if isinstance(bn, _BatchNorm)
+                for problem in norm_fold_problems(bn, name)]
+
     def reparameterize(self) -> None:
         """Fold the layer into one 3x3 conv with bias (eval-mode BN); idempotent."""
         if self.deploy:
             return
-        check_eval_mode(self)
         like = next(self.parameters())
         kernel, bias = self._fused(fold_dtype(like))
         conv = self.conv3x3(bias=True).to(device=like.device, dtype=like.dtype)
