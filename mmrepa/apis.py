@@ -21,8 +21,8 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
 from .config_checks import check_checkpoint_fit, check_types
-from .errors import CheckpointError, ConfigError
-from .fold import FoldError, reparameterize
+from .errors import ConfigError, MMRepaError
+from .fold import reparameterize
 
 
 def _mmrepa_types() -> set:
@@ -135,17 +135,29 @@ def tool_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def tool_message(tool: str, err: BaseException) -> str:
+    """``err``'s message as a tool prints it: ``TOOL: message`` (not twice if the message
+    already starts with it: the checks that take the tool's name, such as
+    :func:`mmrepa.tool_inputs.check_inputs`, put it there)."""
+    message = str(err) or type(err).__name__
+    return message if message.startswith(f'{tool}: ') else f'{tool}: {message}'
+
+
 @contextlib.contextmanager
 def one_line_errors(tool: str):
-    """Stop a tool with one line and exit code 1, no traceback, on the errors whose message
-    already names the file or key and the fix: a missing file, an unreadable checkpoint or one
-    of another architecture or form (:class:`~mmrepa.errors.CheckpointError`), a config that
-    cannot work (:class:`~mmrepa.errors.ConfigError`), a model that cannot be folded. Usable as
-    a decorator of a tool's ``main``."""
+    """Stop a tool with one line (one per problem, when the error lists several) and exit
+    status 1, no traceback, on the errors whose message already names the file, option or key
+    and the fix: every :class:`~mmrepa.errors.MMRepaError` (a config that cannot work, an
+    unusable checkpoint, a model that cannot be folded, an input or command-line value the tool
+    cannot use, a missing optional package) and a missing file. Usable as a decorator of a
+    tool's ``main``.
+
+    This is where mmrepa's errors become an exit status: the library raises them and never
+    ``SystemExit`` (see :mod:`mmrepa.errors`)."""
     try:
         yield
-    except (FileNotFoundError, CheckpointError, ConfigError, FoldError) as err:
-        raise SystemExit(f'{tool}: {err}') from None
+    except (FileNotFoundError, MMRepaError) as err:
+        raise SystemExit(tool_message(tool, err)) from None
 
 
 def _slurm_to_torch_env() -> None:

@@ -25,7 +25,7 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import DefaultScope, Registry
 
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, MMRepaError
 
 # The registries a model config's ``type``s come from: modules and losses, assigners and coders
 # (mmdet's TASK_UTILS), init_cfg, and mmpretrain's batch augmentations.
@@ -256,11 +256,10 @@ def explain(err: BaseException, tb=None) -> Optional[str]:
     known, or ``None``: mmrepa's own errors (their messages name the option and the fix), an
     unregistered type (with "did you mean"), and, raised inside a Runner, a missing data file
     or an emptied data set (found by the checks our tools run first)."""
-    from .fold import FoldError
     cfg = _runner_config(tb) if tb is not None else None
     if isinstance(err, ConfigError):
         return f'ConfigError: {_in_context(err, cfg)}'
-    if isinstance(err, (CheckpointError, FoldError)):
+    if isinstance(err, MMRepaError):
         return f'{type(err).__name__}: {err}'
     if isinstance(err, KeyError) and err.args:
         return _unregistered(str(err.args[0]), cfg)

@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from mmrepa.datasets import make_shapes_coco
+from mmrepa.errors import InputError
 from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs
 
 from .conftest import ROOT, run_script_here, shapes_cfg_options
@@ -225,7 +226,7 @@ def test_the_guard_names_what_cannot_be_written(tmp_path):
             ([('--out', str(tmp_path))], f'--out {tmp_path} is a folder; name a file'),
             ([('--out-dir', b, True)], f'--out-dir {b} is a file; name a folder'),
             ([('--out', osp.join(b, 'x.json'))], f'--out {b}/x.json: {b} is a file, not a')]:
-        with pytest.raises(SystemExit, match='^tool: ' + re.escape(message)):
+        with pytest.raises(InputError, match='^tool: ' + re.escape(message)):
             check_outputs('tool', outputs, [])
     check_outputs('tool', [('--out', a), ('--plot', None)], [('checkpoint', 'https://x/y.pth')])
     assert os.listdir(tmp_path) == ['file']  # the guard creates nothing

@@ -100,10 +100,86 @@ def test_mismatched_calibration_is_refused_and_nothing_is_written(trained, tmp_p
                           '--calib-images', '2', '--out', out, '--cfg-options', *options,
                           ok=False)[1]
     message = log.strip().splitlines()[-1]
-    assert message.startswith('tools/quantize.py: calibration batch 0 (')
+    assert message.startswith('tools/quantize.py: train calibration image 0 (')
     assert 'has shape (1, 3, 64, 64) but the model was exported for input (1, 3, 96, 96)' \
         in message and 'traced for one input shape' in message
     assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture
+def inputs_of_shape(monkeypatch):
+    """``set(train=(H, W), test=(H, W))``: tools/quantize.py then reads its calibration
+    (train) and test images of these sizes (the test pipeline's images, resized), and every
+    export it makes is recorded in the returned list as (input shape, ONNX file)."""
+    from .conftest import script_module
+    tool = script_module('tools/quantize.py')
+    sizes, exports = {}, []
+    real_inputs, real_export = tool.pipeline_inputs, tool.export
+
+    def pipeline_inputs(cfg, preprocessor, num, split='train', seed=0):
+        found = real_inputs(cfg, preprocessor, num, split, seed)
+        if split not in sizes:
+            return found
+        return [(torch.nn.functional.interpolate(torch.from_numpy(a), size=sizes[split],
+                                                 mode='bilinear').numpy(), source)
+                for a, source in found]
+
+    def export(model, full, x, path, what):
+        exports.append((tuple(x.shape), path))
+        return real_export(model, full, x, path, what)
+
+    monkeypatch.setattr(tool, 'pipeline_inputs', pipeline_inputs)
+    monkeypatch.setattr(tool, 'export', export)
+
+    def set_sizes(**kwargs):
+        sizes.update(kwargs)
+        return exports
+    return set_sizes
+
+
+def quantize_fast(ckpt, options, tmp_path, *args, ok=True):
+    """tools/quantize.py on one image, without the metric and the timing; --out and --dump in
+    ``tmp_path``."""
+    return run_script_here(
+        'tools/quantize.py', DEMO, ckpt, '--calib-images', '1', '--sqnr-images', '1',
+        '--no-metric', '--repeat', '0', '--out', tmp_path / 'model.onnx',
+        '--dump', tmp_path / 'result.json', *args, '--cfg-options', *options, ok=ok)
+
+
+def test_calibration_of_another_shape_than_shape_is_refused_before_the_export(
+        trained, tmp_path, inputs_of_shape):
+    """The test images have --shape, the calibration images not: refused before anything is
+    exported (the graph would be traced for the wrong input) or written (an INT8 file
+    calibrated on other shapes)."""
+    _, options, ckpt = trained
+    exports = inputs_of_shape(train=(48, 48))
+    log = quantize_fast(ckpt, options, tmp_path, '--shape', '64', '64', ok=False)[1]
+    message = log.strip().splitlines()[-1]
+    assert message.startswith('tools/quantize.py: train calibration image 0 ('), message
+    assert 'has shape (1, 3, 48, 48) but the model was exported for input (1, 3, 64, 64)' \
+        in message
+    assert exports == [] and os.listdir(tmp_path) == []
+
+
+def test_test_images_of_another_shape_are_named_as_test_images(trained, tmp_path,
+                                                               inputs_of_shape):
+    _, options, ckpt = trained
+    exports = inputs_of_shape(test=(48, 48))
+    log = quantize_fast(ckpt, options, tmp_path, ok=False)[1]
+    message = log.strip().splitlines()[-1]
+    assert message.startswith('tools/quantize.py: test image 0 ('), message
+    assert 'has shape (1, 3, 48, 48' in message and 'calibration' not in message, message
+    assert exports == [] and os.listdir(tmp_path) == []
+
+
+def test_the_graph_is_exported_for_shape(trained, tmp_path, inputs_of_shape):
+    """--shape 96 96 on a pipeline that gives 96 x 96 (the config's own gives 64 x 64)."""
+    _, options, ckpt = trained
+    exports = inputs_of_shape(train=(96, 96), test=(96, 96))
+    result, _ = quantize_fast(ckpt, options, tmp_path, '--shape', '96', '96')
+    assert [shape for shape, _ in exports] == [(1, 3, 96, 96)]
+    assert result['input_shape'] == [1, 3, 96, 96]
+    assert quantize.input_shape(str(tmp_path / 'model.onnx')) == (1, 3, 96, 96)
 
 
 def test_quantize_qdq_refuses_a_wrong_batch_and_leaves_no_file(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from mmengine.config import Config
 from mmengine.dataset import BaseDataset
 
-from mmrepa.errors import CheckpointError
+from mmrepa.errors import CheckpointError, InputError
 from mmrepa.tool_inputs import (README_SECTION, MissingInput, check_inputs,
                                 find_missing_inputs)
 
@@ -122,7 +122,7 @@ def test_each_missing_path_is_named_once_with_its_config_key(tmp_path):
         MissingInput('val annotation file', 'val_dataloader.dataset.ann_file', val_ann),
         MissingInput('neck pretrained checkpoint', 'model.neck.init_cfg.0.checkpoint',
                      '~/nowhere/neck.pth')]
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(InputError) as exc:  # the tool exits with it (one_line_errors)
         check_inputs(cfg, 'tools/x.py', splits=('val', ))
     lines = str(exc.value).splitlines()
     assert lines[0].startswith(f'tools/x.py: 1 input of {RETINANET} missing')

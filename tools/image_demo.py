@@ -126,6 +126,13 @@ def main(argv=None):
     missing = missing_inputs('image_demo.py', args, folders=True)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
+    from mmrepa.apis import one_line_errors
+    # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
+    with one_line_errors('tools/image_demo.py'):
+        return run(args)
+
+
+def run(args):
     images = image_files(args)
     from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs
     check_outputs('tools/image_demo.py', [('--out-file', args.out_file),

@@ -158,6 +158,16 @@ def export(model, full: bool, x: torch.Tensor, path: str, what: str) -> float:
     return err
 
 
+def export_input(calib, shape) -> torch.Tensor:
+    """The input the graph is traced and checked on: of ``shape`` (the exported input), a
+    real image (the first calibration image, which ``check_inputs_shape`` found of that
+    shape), so that the float32 check sees the activations the model sees."""
+    x = torch.from_numpy(calib[0][0])
+    if tuple(x.shape) != tuple(shape):  # a bug: main checks the calibration images first
+        raise AssertionError(f'calibration image of shape {tuple(x.shape)}, export for {shape}')
+    return x
+
+
 def all_outputs(session, inputs):
     return [o for array, _ in inputs for o in session.run(None, {'input': array})]
 
@@ -240,9 +250,11 @@ def main(argv=None) -> dict:
 
     calib = pipeline_inputs(cfg, model.data_preprocessor, args.calib_images, args.calib_split)
     tests = pipeline_inputs(cfg, model.data_preprocessor, args.sqnr_images, 'test', seed=1)
+    # the graph is exported for --shape, else for the pipeline's shape; every calibration and
+    # test image must have it: checked before anything is exported or written
     shape = (1, 3, *args.shape) if args.shape else tuple(calib[0][0].shape)
-    check_inputs_shape(calib, shape)  # before anything is exported or written
-    check_inputs_shape(tests, shape)
+    check_inputs_shape(calib, shape, f'{args.calib_split} calibration image')
+    check_inputs_shape(tests, shape, 'test image')
     options = dict(per_channel=not args.per_tensor, activation_type=args.activation_type,
                    reduce_range=(needs_reduce_range() if args.reduce_range == 'auto'
                                  else args.reduce_range == 'on'),
@@ -253,7 +265,7 @@ def main(argv=None) -> dict:
                   input_shape=list(shape), out=out, calibration_images=len(calib),
                   calibration_split=args.calib_split, sqnr_images=len(tests), threads=threads,
                   options=options, machine=machine_info())
-    x = torch.from_numpy(calib[0][0])
+    x = export_input(calib, shape)
     with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
         paths, layers, targets = {}, {}, {}
         for form in (args.form, ) + tuple(f for f in forms if f != args.form):

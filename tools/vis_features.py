@@ -104,7 +104,13 @@ def main(argv=None):
     missing = missing_inputs('vis_features.py', args)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
+    from mmrepa.apis import one_line_errors
+    # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
+    with one_line_errors('tools/vis_features.py'):
+        return run(args)
 
+
+def run(args):
     from mmrepa.utils.files import atomic_output, check_outputs
     check_outputs('tools/vis_features.py', [('--out-file', args.out_file)],
                   [('config', args.config), ('checkpoint', args.checkpoint),

@@ -9,7 +9,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import (LoadReport, check_shapes, load_state_dict_checked,
                                   read_state_dict)
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..fold import Reparameterizable, fold_submodules
 from ..registry import build_norm_layer
 
@@ -74,10 +74,10 @@ class DenseBackbone(Reparameterizable, BaseModule):
 
     def _check_input(self, x: torch.Tensor, min_size: int, why: str) -> None:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
+            raise InputError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
                              f'got {tuple(x.shape)}')
         if min(x.shape[2:]) < min_size:
-            raise ValueError(f'input {tuple(x.shape[2:])} is too small: {why}')
+            raise InputError(f'input {tuple(x.shape[2:])} is too small: {why}')
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # on every load path (load_from, resume, tools/test.py), not only init_cfg's

@@ -17,7 +17,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
 from ..fold import Reparameterizable, check_fold_state, norm_fold_problems
 from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
                       channels_last_norm, checkpoint_forward, num_active_channels)
@@ -357,8 +357,8 @@ class ConvFormer(MetaFormer):
     def __init__(self, arch: Union[str, dict] = 's18', **kwargs):
         attention_only = {'window_sizes', 'global_blocks', 'head_dim'} & set(kwargs)
         if attention_only:
-            raise TypeError(f'ConvFormer has no attention, so no {sorted(attention_only)}: '
-                            'use CAFormer for attention stages')
+            raise ConfigTypeError(f'ConvFormer has no attention, so no '
+                                  f'{sorted(attention_only)}: use CAFormer for attention stages')
         super().__init__(arch, ('conv', ) * NUM_STAGES, **kwargs)
 
 

@@ -15,7 +15,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigTypeError
 from ..fold import (Reparameterizable, fold_dtype, is_affine_norm, norm_affine,
                     norm_fold_problems)
 from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
@@ -77,7 +77,7 @@ def _translate_mmdet_swin_args(args: dict, patch_size: int,
     """Check mmdet SwinTransformer's other arguments; returns the ``init_cfg`` to use."""
     unknown = set(args) - set(MMDET_ARCH_ARGS) - set(MMDET_OTHER_ARGS)
     if unknown:
-        raise TypeError(f'RePaSwin got unexpected arguments {sorted(unknown)}')
+        raise ConfigTypeError(f'RePaSwin got unexpected arguments {sorted(unknown)}')
     if args.get('use_abs_pos_embed'):
         raise ConfigError('RePaSwin has no absolute position embedding (use_abs_pos_embed=True); '
                           'it uses relative position bias only, as mmdet\'s Swin by default')

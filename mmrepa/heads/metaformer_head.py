@@ -6,6 +6,7 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 from mmpretrain.models.heads import ClsHead
 
+from ..errors import ConfigError
 from ..layers import SquaredReLU
 
 
@@ -36,7 +37,7 @@ class MetaFormerClsHead(ClsHead):
                  **kwargs):
         super().__init__(init_cfg=init_cfg, **kwargs)
         if num_classes <= 0:
-            raise ValueError(f'num_classes must be positive, got {num_classes}')
+            raise ConfigError(f'num_classes must be positive, got {num_classes}')
         self.num_classes = num_classes
         self.norm = nn.LayerNorm(in_channels, eps=eps)
         hidden = int(mlp_ratio * in_channels)

@@ -41,7 +41,7 @@ JOIN_MODES = ('logits', 'qkv')
 def _check_lambda(value: float, where: str) -> float:
     value = float(value)
     if not 0.0 <= value <= 1.0:  # also refuses NaN
-        raise ValueError(f'{where}: join_lambda must be in [0, 1], got {value}')
+        raise ConfigError(f'{where}: join_lambda must be in [0, 1], got {value}')
     return value
 
 
@@ -149,7 +149,7 @@ class _LambdaMixin:
         value = _check_lambda(value, type(self).__name__)
         if self.deploy:
             if value != 1.0:
-                raise ValueError(
+                raise ConfigError(
                     f'{type(self).__name__} is folded (deploy=True), i.e. the λ = 1 network; '
                     f'it cannot run at join_lambda={value}. Build the model with deploy=False '
                     f'to train through the joining schedule.')

@@ -4,6 +4,7 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
+from ..errors import ConfigError
 from ..fold import batchnorm_affine
 from ..registry import MODELS
 
@@ -77,7 +78,7 @@ class PRepBN(nn.Module):
     def set_lambda(self, value: float) -> None:
         value = float(value)
         if not 0.0 <= value <= 1.0:
-            raise ValueError(f'PRepBN lambda must be in [0, 1], got {value}')
+            raise ConfigError(f'PRepBN lambda must be in [0, 1], got {value}')
         self._lam = value
         with torch.no_grad():
             self.lam.fill_(value)

@@ -13,6 +13,7 @@ from mmcv.cnn import ConvModule
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
+from ..errors import ConfigError, ConfigTypeError
 from ..registry import build_norm_layer, resolve_layer_type
 
 # Scale factors a level can have (relative to the input map) and the channel divisor of each.
@@ -71,20 +72,20 @@ class SimpleFPN(BaseModule):
                  init_cfg: Optional[Union[dict, List[dict]]] = None):
         super().__init__(init_cfg=init_cfg)
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels <= 0:
-            raise TypeError(f'SimpleFPN in_channels must be a positive int, the channels of the '
-                            f"backbone's last map, got {in_channels!r}")
+            raise ConfigTypeError(f'SimpleFPN in_channels must be a positive int, the channels '
+                                  f"of the backbone's last map, got {in_channels!r}")
         scale_factors = self._check_scale_factors(scale_factors)
         for factor in scale_factors:
             divisor = _CHANNEL_DIVISORS[factor]
             if in_channels % divisor:
-                raise ValueError(
+                raise ConfigError(
                     f'SimpleFPN: scale factor {factor:g} makes a level of in_channels / '
                     f'{divisor} channels, but in_channels={in_channels} is not divisible by '
                     f'{divisor}; change in_channels or drop {factor:g} from scale_factors')
         if num_outs < len(scale_factors):
-            raise ValueError(f'SimpleFPN num_outs={num_outs} is smaller than the '
-                             f'{len(scale_factors)} levels of scale_factors={scale_factors}; '
-                             f'set num_outs >= {len(scale_factors)} or use fewer scale factors')
+            raise ConfigError(f'SimpleFPN num_outs={num_outs} is smaller than the '
+                              f'{len(scale_factors)} levels of scale_factors={scale_factors}; '
+                              f'set num_outs >= {len(scale_factors)} or use fewer scale factors')
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.num_outs = num_outs
@@ -110,17 +111,17 @@ class SimpleFPN(BaseModule):
     def _check_scale_factors(scale_factors: Sequence[float]) -> Tuple[float, ...]:
         allowed = tuple(_CHANNEL_DIVISORS)
         if isinstance(scale_factors, (int, float)) or not len(scale_factors):
-            raise ValueError(f'SimpleFPN scale_factors must be a non-empty sequence from '
-                             f'{allowed}, got {scale_factors!r}')
+            raise ConfigError(f'SimpleFPN scale_factors must be a non-empty sequence from '
+                              f'{allowed}, got {scale_factors!r}')
         bad = [f for f in scale_factors if not isinstance(f, (int, float)) or f not in allowed]
         if bad:
-            raise ValueError(f'SimpleFPN scale_factors {tuple(scale_factors)}: {bad} not '
-                             f'supported; each must be one of {allowed}')
+            raise ConfigError(f'SimpleFPN scale_factors {tuple(scale_factors)}: {bad} not '
+                              f'supported; each must be one of {allowed}')
         factors = tuple(float(f) for f in scale_factors)
         # Detectors pair output i with the i-th anchor/prior stride: finest level first.
         if any(a <= b for a, b in zip(factors, factors[1:])):
-            raise ValueError(f'SimpleFPN scale_factors {factors} must be distinct and in '
-                             f'decreasing order (finest level first), e.g. {allowed}')
+            raise ConfigError(f'SimpleFPN scale_factors {factors} must be distinct and in '
+                              f'decreasing order (finest level first), e.g. {allowed}')
         return factors
 
     @staticmethod

@@ -123,13 +123,15 @@ def check_outputs(tool: str, outputs: Iterable[tuple], inputs: Iterable[tuple],
             be replaced; ``None`` for tools without ``--force``, whose outputs are replaced
             (files) or written into (folders, see :func:`atomic_folder`).
 
-    Raises ``SystemExit`` (exit status 1) with one line naming the option, the output and, if
+    Raises :class:`~mmrepa.errors.InputError` (a tool exits with it, status 1:
+    :func:`mmrepa.apis.one_line_errors`) with one line naming the option, the output and, if
     it is one, the input it would destroy: an output that is an input or a link to one, a
     folder that holds one (``--force`` does not help: inputs are never replaced); two outputs
     that are one path; a folder where a file goes or the other way round; an output under
     something that is not a folder; an existing output without ``force`` (if ``False``).
     Nothing is created: it only looks at the paths.
     """
+    from ..errors import InputError  # here: the module loads alone, without mmrepa's imports
     outputs = [Output(*o) for o in outputs if o[1]]
     inputs = [(what, path, osp.realpath(path), _file_id(path)) for what, path in inputs
               if path and '://' not in path and osp.exists(path)]
@@ -139,30 +141,30 @@ def check_outputs(tool: str, outputs: Iterable[tuple], inputs: Iterable[tuple],
         for what, path, _, file_id in inputs:
             how = _same_file(out, path, file_id)
             if how:
-                raise SystemExit(f'{tool}: {option} {out} {how} the input {what} {path}: an '
+                raise InputError(f'{tool}: {option} {out} {how} the input {what} {path}: an '
                                  f'output never replaces an input{never}; write it elsewhere')
         held = _held_input(out, inputs) if osp.isdir(out) else None
         if held:
             what, path, how = held
-            raise SystemExit(f'{tool}: {option} {out} {how} the input {what} {path}: an output '
+            raise InputError(f'{tool}: {option} {out} {how} the input {what} {path}: an output '
                              f'folder never holds an input{never}; choose another folder')
         real = osp.realpath(out)
         if real in seen:
-            raise SystemExit(f'{tool}: {seen[real]} and {option} are both {out}; give each '
+            raise InputError(f'{tool}: {seen[real]} and {option} are both {out}; give each '
                              'output its own path')
         seen[real] = option
         if osp.exists(out) and osp.isdir(out) != folder:
-            raise SystemExit(f'{tool}: {option} {out} is a {"file" if folder else "folder"}; '
+            raise InputError(f'{tool}: {option} {out} is a {"file" if folder else "folder"}; '
                              f'name a {"folder" if folder else "file"}')
         parent = _first_existing(osp.dirname(osp.abspath(out)))
         if not osp.isdir(parent):
-            raise SystemExit(f'{tool}: {option} {out}: {parent} is a file, not a folder; '
+            raise InputError(f'{tool}: {option} {out}: {parent} is a file, not a folder; '
                              'write it elsewhere')
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise SystemExit(f'{tool}: {option} {out}: cannot write in {parent} (permission '
+            raise InputError(f'{tool}: {option} {out}: cannot write in {parent} (permission '
                              'denied); write it elsewhere')
         if force is False and osp.lexists(out):
-            raise SystemExit(f'{tool}: {option} {out} exists; pass --force to replace it')
+            raise InputError(f'{tool}: {option} {out} exists; pass --force to replace it')
 
 
 # ------------------------------------------------------------ writing: whole or not at all

@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
+from ..errors import InputError
 from .machine import cpu_model
 
 
@@ -70,7 +71,7 @@ def time_interleaved(variants: Dict[str, Callable[[], object]],
     Gradients are as the caller has them: wrap in ``torch.no_grad()`` to time inference.
     """
     if repeat < 1:
-        raise ValueError(f'repeat must be >= 1, got {repeat}')
+        raise InputError(f'repeat must be >= 1, got {repeat}')
     for _ in range(warmup):
         for fn in variants.values():
             fn()

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..errors import InputError
+
 
 def flatten_outputs(out) -> Iterator[torch.Tensor]:
     """Tensors of a nested tuple/list output, in order; ``None`` entries are skipped (mmdet's
@@ -73,7 +75,7 @@ def run_onnx(session, x: torch.Tensor) -> List[np.ndarray]:
     refused (the graph's window layouts and masks are constants for that size)."""
     exported = tuple(session.get_inputs()[0].shape)
     if all(isinstance(d, int) for d in exported) and exported != tuple(x.shape):
-        raise ValueError(f'the ONNX graph was exported for input {exported} but got '
+        raise InputError(f'the ONNX graph was exported for input {exported} but got '
                          f'{tuple(x.shape)}: export it again for this size '
                          '(tools/export_onnx.py --shape H W)')
     return session.run(None, {'input': x.detach().cpu().numpy()})

@@ -3,11 +3,14 @@
 mmrepa itself needs torch, mmengine and mmcv. ONNX export and INT8 (onnx, onnxruntime), whole-model
 deployment (mmdeploy) and plots (matplotlib) are optional. The rule: a module that uses one
 imports it where it is used, not at the top; a tool parses its arguments first (``--help`` always
-works), then calls :func:`require` for what the chosen options need, which stops the tool with one
-line naming the package and how to install it instead of a traceback.
+works), then calls :func:`require` for what the chosen options need, which raises
+:class:`~mmrepa.errors.DependencyError` naming the package and how to install it: the tool prints
+it as one line instead of a traceback (:func:`mmrepa.apis.one_line_errors`).
 """
 import importlib
 from typing import Optional
+
+from ..errors import DependencyError
 
 # how to install each optional module (from the repository's root)
 INSTALL = {
@@ -33,8 +36,9 @@ def missing(module: str) -> Optional[str]:
 
 
 def require(*modules: str, tool: str) -> None:
-    """Import ``modules``; if one is missing, stop with ``TOOL: needs MODULE (how to install
-    it)``, one line per missing module, and exit code 1."""
+    """Import ``modules``; if one is missing, raise :class:`~mmrepa.errors.DependencyError`
+    ``TOOL: needs MODULE (how to install it)``, one line per missing module (a tool exits with
+    it, status 1)."""
     problems = [p for p in map(missing, modules) if p]
     if problems:
-        raise SystemExit('\n'.join(f'{tool}: {p}' for p in problems))
+        raise DependencyError('\n'.join(f'{tool}: {p}' for p in problems))

@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..fold import reparameterize
 from ..fold.arithmetic import batchnorm_affine, fold_dtype
 from ..layers.channel_idle_ffn import ChannelIdleFFN
@@ -29,18 +29,22 @@ from .files import atomic_output
 WEIGHTED_OPS = ('Conv', 'MatMul', 'Gemm')
 
 
-class CalibrationMismatch(ConfigError):
-    """Calibration data that the exported graph cannot take (the message says why)."""
+class CalibrationMismatch(InputError):
+    """Calibration (or test) data that the exported graph cannot take (the message says
+    why)."""
 
 
 def mismatch_message(index: int, source: str, got: Tuple[int, ...],
-                     expected: Tuple[int, ...]) -> str:
-    return (f'calibration batch {index} ({source}) has shape {tuple(got)} but the model was '
-            f'exported for input {tuple(expected)}: the ONNX graph is traced for one input '
-            "shape (window layouts, masks and paddings are constants), so every calibration "
-            "batch must have it. Export for the shape the test pipeline gives (tools/"
-            "quantize.py: drop --shape), or make the pipeline give one shape (a fixed Resize "
-            'without keep_ratio, or a Pad to a fixed size)')
+                     expected: Tuple[int, ...], what: str = 'calibration batch') -> str:
+    """Why input ``index`` (``source``: its image) of shape ``got`` does not fit a graph
+    exported for ``expected``; ``what`` names the set it is from ('calibration batch',
+    'test image', ...)."""
+    return (f'{what} {index} ({source}) has shape {tuple(got)} but the model was exported '
+            f'for input {tuple(expected)}: the ONNX graph is traced for one input shape (window '
+            f'layouts, masks and paddings are constants), so every {what} must have it. Export '
+            'for the shape the test pipeline gives (tools/quantize.py: drop --shape), or make '
+            'the pipeline give one shape (a fixed Resize without keep_ratio, or a Pad to a '
+            'fixed size)')
 
 
 def _build_dataset(cfg, split: str):
@@ -82,12 +86,13 @@ def pipeline_inputs(cfg, data_preprocessor, num: int, split: str = 'train',
     return inputs
 
 
-def check_inputs_shape(inputs: Iterable[Tuple[np.ndarray, str]],
-                       expected: Sequence[int]) -> None:
-    """Raise :class:`CalibrationMismatch` at the first input not of shape ``expected``."""
+def check_inputs_shape(inputs: Iterable[Tuple[np.ndarray, str]], expected: Sequence[int],
+                       what: str = 'calibration batch') -> None:
+    """Raise :class:`CalibrationMismatch` at the first input not of shape ``expected``;
+    ``what`` names the inputs in the message ('calibration image', 'test image', ...)."""
     for i, (array, source) in enumerate(inputs):
         if tuple(array.shape) != tuple(expected):
-            raise CalibrationMismatch(mismatch_message(i, source, array.shape, expected))
+            raise CalibrationMismatch(mismatch_message(i, source, array.shape, expected, what))
 
 
 try:  # onnxruntime is optional (mmrepa.utils.optional): the module imports without it, for
@@ -155,7 +160,7 @@ def quantize_qdq(float_path: str, out_path: str, inputs: Sequence[Tuple[np.ndarr
                                           quantize_static)
     from onnxruntime.quantization.calibrate import load_tensors_data
     if method not in CALIBRATION_METHODS:
-        raise ValueError(f'method must be one of {CALIBRATION_METHODS}, got {method!r}')
+        raise InputError(f'method must be one of {CALIBRATION_METHODS}, got {method!r}')
     expected = input_shape(float_path)
     check_inputs_shape(inputs, expected)
     exclude = list(exclude_nodes)

@@ -10,6 +10,8 @@ from mmengine.registry import HOOKS
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
+from ...errors import ConfigError, InputError
+
 
 @torch.no_grad()
 def recalibrate_bn(module: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any],
@@ -33,15 +35,15 @@ def recalibrate_bn(module: nn.Module, batches: Iterable[Any], forward: Callable[
         The number of batches used (fewer than ``num_batches`` if ``batches`` ran out).
     """
     if num_batches < 1:
-        raise ValueError(f'num_batches must be >= 1, got {num_batches}')
+        raise ConfigError(f'num_batches must be >= 1, got {num_batches}')
     bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
     if not bns:
-        raise ValueError(f'{type(module).__name__} has no BatchNorm with running statistics '
-                         'to recalibrate')
+        raise ConfigError(f'{type(module).__name__} has no BatchNorm with running statistics '
+                          'to recalibrate')
     it = iter(batches)
     first = next(it, None)
     if first is None:
-        raise ValueError('recalibrate_bn got no batch: the data loader is empty')
+        raise InputError('recalibrate_bn got no batch: the data loader is empty')
     modes = [(m, m.training) for m in module.modules()]
     momenta = [bn.momentum for bn in bns]
     try:
@@ -144,7 +146,7 @@ class BNRecalibrationHook(Hook):
 
     def __init__(self, num_batches: int = 200):
         if num_batches < 1:
-            raise ValueError(f'num_batches must be >= 1, got {num_batches}')
+            raise ConfigError(f'num_batches must be >= 1, got {num_batches}')
         self.num_batches = num_batches
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:

@@ -7,6 +7,8 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
+from ...errors import ConfigError
+
 JOIN_SCHEDULE_MODES = ('linear', 'cosine', 'exp', 'sqrt')
 EXP_RATE = 5.0  # the paper's exponential schedule 1 − e^(−5t), SPEC-depth §7.3
 
@@ -26,9 +28,9 @@ def join_lambda(it: int, begin_iter: int, end_iter: int, mode: str = 'linear') -
     Every curve is non-decreasing and stays in [0, 1].
     """
     if mode not in JOIN_SCHEDULE_MODES:
-        raise ValueError(f'mode must be one of {JOIN_SCHEDULE_MODES}, got {mode!r}')
+        raise ConfigError(f'mode must be one of {JOIN_SCHEDULE_MODES}, got {mode!r}')
     if end_iter <= begin_iter:
-        raise ValueError(f'end_iter ({end_iter}) must be > begin_iter ({begin_iter})')
+        raise ConfigError(f'end_iter ({end_iter}) must be > begin_iter ({begin_iter})')
     if it <= begin_iter:
         return 0.0
     if it >= end_iter:
@@ -103,34 +105,34 @@ class BranchJoinScheduleHook(Hook):
                  begin_iter: Optional[int] = None, begin_ratio: Optional[float] = None,
                  mode: str = 'linear'):
         if mode not in JOIN_SCHEDULE_MODES:
-            raise ValueError(f'BranchJoinScheduleHook: mode must be one of '
-                             f'{JOIN_SCHEDULE_MODES}, got mode={mode!r}')
+            raise ConfigError(f'BranchJoinScheduleHook: mode must be one of '
+                              f'{JOIN_SCHEDULE_MODES}, got mode={mode!r}')
         if (end_iter is None) == (end_ratio is None):
-            raise ValueError('BranchJoinScheduleHook needs exactly one of end_iter (iterations) '
-                             f'and end_ratio (fraction of training), got end_iter={end_iter}, '
-                             f'end_ratio={end_ratio}')
+            raise ConfigError('BranchJoinScheduleHook needs exactly one of end_iter (iterations) '
+                              f'and end_ratio (fraction of training), got end_iter={end_iter}, '
+                              f'end_ratio={end_ratio}')
         if begin_iter is not None and begin_ratio is not None:
-            raise ValueError('BranchJoinScheduleHook takes at most one of begin_iter and '
-                             f'begin_ratio, got begin_iter={begin_iter}, '
-                             f'begin_ratio={begin_ratio}')
+            raise ConfigError('BranchJoinScheduleHook takes at most one of begin_iter and '
+                              f'begin_ratio, got begin_iter={begin_iter}, '
+                              f'begin_ratio={begin_ratio}')
         for name, value in (('begin_iter', begin_iter), ('end_iter', end_iter)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 0):
-                raise ValueError(f'BranchJoinScheduleHook: {name} must be an integer >= 0, '
-                                 f'got {name}={value!r}')
+                raise ConfigError(f'BranchJoinScheduleHook: {name} must be an integer >= 0, '
+                                  f'got {name}={value!r}')
         for name, value in (('begin_ratio', begin_ratio), ('end_ratio', end_ratio)):
             if value is not None and not 0.0 <= value <= 1.0:  # also refuses NaN
-                raise ValueError(f'BranchJoinScheduleHook: {name} must be in [0, 1], got '
-                                 f'{name}={value!r}')
+                raise ConfigError(f'BranchJoinScheduleHook: {name} must be in [0, 1], got '
+                                  f'{name}={value!r}')
         if begin_ratio is None and begin_iter is None:
             begin_iter = 0
         # Same unit on both sides: check now; mixed units are checked in before_train.
         if end_iter is not None and begin_iter is not None and end_iter <= begin_iter:
-            raise ValueError(f'BranchJoinScheduleHook: end_iter must be > begin_iter, got '
-                             f'begin_iter={begin_iter}, end_iter={end_iter}')
+            raise ConfigError(f'BranchJoinScheduleHook: end_iter must be > begin_iter, got '
+                              f'begin_iter={begin_iter}, end_iter={end_iter}')
         if end_ratio is not None and begin_ratio is not None and end_ratio <= begin_ratio:
-            raise ValueError(f'BranchJoinScheduleHook: end_ratio must be > begin_ratio, got '
-                             f'begin_ratio={begin_ratio}, end_ratio={end_ratio}')
+            raise ConfigError(f'BranchJoinScheduleHook: end_ratio must be > begin_ratio, got '
+                              f'begin_ratio={begin_ratio}, end_ratio={end_ratio}')
         self.mode = mode
         self.begin_iter, self.begin_ratio = begin_iter, begin_ratio
         self.end_iter, self.end_ratio = end_iter, end_ratio
@@ -153,17 +155,17 @@ class BranchJoinScheduleHook(Hook):
     def before_train(self, runner) -> None:
         self._modules = join_modules(self._unwrap(runner))
         if not self._modules:
-            raise ValueError('BranchJoinScheduleHook: the model has no joined module (no module '
-                             'with set_join_lambda, e.g. JoinedBlock); use a backbone built from '
-                             'JoinedBlock with deploy=False or remove the hook')
+            raise ConfigError('BranchJoinScheduleHook: the model has no joined module (no module '
+                              'with set_join_lambda, e.g. JoinedBlock); use a backbone built from '
+                              'JoinedBlock with deploy=False or remove the hook')
         max_iters = runner.max_iters
         self._begin = (self.begin_iter if self.begin_ratio is None else
                        round(self.begin_ratio * max_iters))
         self._end = self.end_iter if self.end_ratio is None else round(self.end_ratio * max_iters)
         if self._end <= self._begin:
-            raise ValueError(f'BranchJoinScheduleHook: the ramp is empty with {self._options()} '
-                             f'and max_iters={max_iters} (begin {self._begin}, end {self._end} '
-                             f'iterations); the end must come after the begin')
+            raise ConfigError(f'BranchJoinScheduleHook: the ramp is empty with {self._options()} '
+                              f'and max_iters={max_iters} (begin {self._begin}, end {self._end} '
+                              f'iterations); the end must come after the begin')
         if self._end > max_iters:
             print_log(f'BranchJoinScheduleHook: the joining ramp ends at iteration {self._end} '
                       f'({self._options()}) but training stops at max_iters={max_iters}; the '

@@ -3,6 +3,8 @@ from typing import List, Optional
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from ...errors import ConfigError
+
 from ...layers import PRepBN
 
 
@@ -39,14 +41,14 @@ class PRepBNScheduleHook(Hook):
     def __init__(self, warmup_iters: int = 0, decay_iters: Optional[int] = None,
                  decay_ratio: Optional[float] = None):
         if (decay_iters is None) == (decay_ratio is None):
-            raise ValueError('PRepBNScheduleHook needs exactly one of decay_iters (iterations) '
-                             f'and decay_ratio (fraction of training), got decay_iters='
-                             f'{decay_iters}, decay_ratio={decay_ratio}')
+            raise ConfigError('PRepBNScheduleHook needs exactly one of decay_iters (iterations) '
+                              f'and decay_ratio (fraction of training), got decay_iters='
+                              f'{decay_iters}, decay_ratio={decay_ratio}')
         if warmup_iters < 0 or (decay_iters is not None and decay_iters < 0):
-            raise ValueError(f'warmup_iters and decay_iters must be >= 0, got {warmup_iters} '
-                             f'and {decay_iters}')
+            raise ConfigError(f'warmup_iters and decay_iters must be >= 0, got {warmup_iters} '
+                              f'and {decay_iters}')
         if decay_ratio is not None and not 0.0 <= decay_ratio <= 1.0:
-            raise ValueError(f'decay_ratio must be in [0, 1], got {decay_ratio}')
+            raise ConfigError(f'decay_ratio must be in [0, 1], got {decay_ratio}')
         self.warmup_iters = warmup_iters
         self.decay_iters = decay_iters
         self.decay_ratio = decay_ratio
@@ -55,8 +57,8 @@ class PRepBNScheduleHook(Hook):
     def before_train(self, runner) -> None:
         self._layers = [m for m in runner.model.modules() if isinstance(m, PRepBN)]
         if not self._layers:
-            raise ValueError('PRepBNScheduleHook: the model has no PRepBN layer; use a backbone '
-                             "with PRepBN norms (type='PRepBNSwin') or remove the hook")
+            raise ConfigError('PRepBNScheduleHook: the model has no PRepBN layer; use a backbone '
+                              "with PRepBN norms (type='PRepBNSwin') or remove the hook")
         if self.decay_ratio is not None:
             self.decay_iters = round(self.decay_ratio * runner.max_iters)
         runner.logger.info(

@@ -8,6 +8,7 @@ import torch.nn as nn
 from mmengine.logging import MessageHub
 from torch.optim import Optimizer
 
+from ...errors import ConfigError
 from .branch_scales import BranchScales, check_branch_scales, compute_dtype
 
 
@@ -134,11 +135,11 @@ class RepOptOptimizer(Optimizer):
             self.csla_clip = None
             return
         if float(norm_type) != 2.0:
-            raise ValueError(f'csla clipping supports norm_type=2 only, got {norm_type!r}: the '
-                             "CSLA model's gradient norm is computable from the plain model for "
-                             'the Euclidean norm only; drop norm_type')
+            raise ConfigError(f'csla clipping supports norm_type=2 only, got {norm_type!r}: the '
+                              "CSLA model's gradient norm is computable from the plain model for "
+                              'the Euclidean norm only; drop norm_type')
         if not max_norm > 0:
-            raise ValueError(f'csla clipping needs max_norm > 0, got {max_norm!r}')
+            raise ConfigError(f'csla clipping needs max_norm > 0, got {max_norm!r}')
         self.csla_clip = dict(max_norm=float(max_norm),
                               error_if_nonfinite=bool(error_if_nonfinite))
 

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from mmengine.registry import OPTIMIZERS
 
+from ...errors import ConfigError
 from .base import RepOptOptimizer
 from .branch_scales import branch_multiplier, compute_dtype
 
@@ -52,15 +53,15 @@ class RepOptAdamW(RepOptOptimizer):
                  amsgrad: bool = False,
                  mode: str = 'exact'):
         if lr < 0:
-            raise ValueError(f'RepOptAdamW: lr must be >= 0, got {lr}')
+            raise ConfigError(f'RepOptAdamW: lr must be >= 0, got {lr}')
         if eps < 0:
-            raise ValueError(f'RepOptAdamW: eps must be >= 0, got {eps}')
+            raise ConfigError(f'RepOptAdamW: eps must be >= 0, got {eps}')
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f'RepOptAdamW: betas must lie in [0, 1), got {betas}')
+            raise ConfigError(f'RepOptAdamW: betas must lie in [0, 1), got {betas}')
         if weight_decay < 0:
-            raise ValueError(f'RepOptAdamW: weight_decay must be >= 0, got {weight_decay}')
+            raise ConfigError(f'RepOptAdamW: weight_decay must be >= 0, got {weight_decay}')
         if mode not in _MODES:
-            raise ValueError(f"RepOptAdamW: mode must be one of {_MODES}, got {mode!r}")
+            raise ConfigError(f"RepOptAdamW: mode must be one of {_MODES}, got {mode!r}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         amsgrad=amsgrad, mode=mode)
         super().__init__(params, defaults)

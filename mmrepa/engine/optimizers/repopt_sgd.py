@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from mmengine.registry import OPTIMIZERS
 
+from ...errors import ConfigError
 from .base import RepOptOptimizer
 from .branch_scales import branch_multiplier, compute_dtype
 
@@ -52,14 +53,14 @@ class RepOptSGD(RepOptOptimizer):
                  nesterov: bool = False,
                  decoupled_weight_decay: bool = False):
         if lr < 0:
-            raise ValueError(f'RepOptSGD: lr must be >= 0, got {lr}')
+            raise ConfigError(f'RepOptSGD: lr must be >= 0, got {lr}')
         if momentum < 0:
-            raise ValueError(f'RepOptSGD: momentum must be >= 0, got {momentum}')
+            raise ConfigError(f'RepOptSGD: momentum must be >= 0, got {momentum}')
         if weight_decay < 0:
-            raise ValueError(f'RepOptSGD: weight_decay must be >= 0, got {weight_decay}')
+            raise ConfigError(f'RepOptSGD: weight_decay must be >= 0, got {weight_decay}')
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError('RepOptSGD: nesterov=True needs momentum > 0 and dampening = 0 '
-                             f'(got momentum={momentum}, dampening={dampening})')
+            raise ConfigError('RepOptSGD: nesterov=True needs momentum > 0 and dampening = 0 '
+                              f'(got momentum={momentum}, dampening={dampening})')
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
