@@ -62,7 +62,7 @@ def test_original_swin_checkpoint_gives_timm_outputs(tmp_path):
                             depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), drop_path_rate=0.,
                             img_size=448)
     ref = randomize_(ref).eval()
-    ours = pretrained(tmp_path, {'model': None, **_timm_to_original(ref.state_dict())},
+    ours = pretrained(tmp_path, _timm_to_original(ref.state_dict()),
                       idle_ratio=0., ffn_norm='LN')
     x = torch.randn(2, 3, 448, 448)
     with torch.no_grad():

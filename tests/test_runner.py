@@ -77,7 +77,9 @@ def test_the_allow_list_is_not_a_switch_off():
     with pytest.raises(pickle.UnpicklingError, match='Unsupported global'):
         _load_pickled(_Reduces(print, 'pwned'))
     from mmengine.logging.history_buffer import HistoryBuffer
-    assert _load_pickled(_Reduces(getattr, HistoryBuffer, 'mean'))['x'] is HistoryBuffer.mean
+    # mmengine checkpoints pickle HistoryBuffer's statistics methods as getattr calls; under
+    # that name mmrepa registers a function that gives their names, never an attribute
+    assert _load_pickled(_Reduces(getattr, HistoryBuffer, 'mean'))['x'] == 'HistoryBuffer.mean'
     with pytest.raises(pickle.UnpicklingError, match="getattr.*'__init__'"):
         _load_pickled(_Reduces(getattr, HistoryBuffer, '__init__'))
 

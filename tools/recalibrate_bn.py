@@ -9,11 +9,11 @@ statistics. Before building anything it checks that the training data and CHECKP
 and that OUT.pth is none of the inputs (CHECKPOINT, CONFIG, the data) nor a link to one: an
 existing OUT.pth is replaced, atomically (a temporary file beside it, renamed at the end).
 """
-import torch
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.apis import one_line_errors, tool_argument_parser, tool_config
+from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.engine import recalibrate_model_bn
 from mmrepa.checkpoint.saving import save_atomically
 from mmrepa.tool_inputs import check_inputs, config_inputs
@@ -46,7 +46,7 @@ def main():
                  checkpoints=[('checkpoint to recalibrate', 'CHECKPOINT argument',
                                args.checkpoint)])
     runner = Runner.from_cfg(cfg)
-    ckpt = torch.load(args.checkpoint, map_location='cpu')
+    ckpt = load_checkpoint_file(args.checkpoint)  # restricted and checked, any scheme
     if 'state_dict' not in ckpt:
         raise SystemExit(f'{args.checkpoint} has no state_dict: give an mmengine checkpoint '
                          "(a bare state dict can be wrapped as {'state_dict': ...})")

@@ -13,6 +13,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 from ..errors import CheckpointError, MissingKeysError
 from ..fold import check_fold_states
+from .validation import EMA_KEYS, WEIGHT_KEYS, check_state_dict  # noqa: F401 (re-exported)
 
 
 class LoadReport(NamedTuple):
@@ -20,14 +21,6 @@ class LoadReport(NamedTuple):
     loaded: List[str]
     missing: List[str]        # allowed to be missing, left as initialised
     unexpected: List[str]     # in the checkpoint, not used
-
-
-# Where each project's checkpoints keep their weights: mmengine (mmdet, mmseg, mmpretrain,
-# mmrepa) and timm train.py (sail-sg/metaformer) 'state_dict'; RePaViT/DeiT, SLAB and Microsoft
-# Swin 'model'. EMA weights: timm 'state_dict_ema', RePaViT/DeiT 'model_ema'; mmengine's EMAHook
-# already saves the averaged weights as 'state_dict' (and the raw ones as 'ema_state_dict').
-WEIGHT_KEYS = ('state_dict', 'model', 'module')
-EMA_KEYS = ('state_dict_ema', 'model_ema')
 
 
 def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Tensor]:
@@ -38,6 +31,7 @@ def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Ten
     (:data:`EMA_KEYS`, or mmengine's ``state_dict``, which holds them already); a checkpoint
     without them is an error that lists its keys.
     """
+    # every scheme's loader is mmrepa's (schemes.py): restricted, then checked (validation.py)
     ckpt = CheckpointLoader.load_checkpoint(filename, map_location='cpu')
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'{filename} holds a {type(ckpt).__name__}, not a state dict or a '
@@ -57,6 +51,7 @@ def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Ten
 
 def strip_prefixes(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Drop ``module.`` (DDP) prefixes; of a whole detector/segmentor keep the backbone only."""
+    check_state_dict(state_dict, 'the state dict')  # a dict built in memory, not read from a file
     state_dict = {k[len('module.'):] if k.startswith('module.') else k: v
                   for k, v in state_dict.items()}
     if any(k.startswith('backbone.') for k in state_dict):
@@ -105,6 +100,7 @@ def load_state_dict_checked(module: nn.Module,
         ValueError: a tensor has another shape than the model's (another architecture).
         KeyError: a key the model needs is missing (a core weight or a BN statistic).
     """
+    check_state_dict(state_dict, source)
     own = module.state_dict()
     check_fold_states(module, state_dict)
     check_shapes(module, state_dict, source=source)

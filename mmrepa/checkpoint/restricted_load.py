@@ -1,132 +1,125 @@
-"""Reading the checkpoints other projects write, safely: no code from the file ever runs.
+"""Reading checkpoints without running their code: torch's ``weights_only`` unpickler with
+mmrepa's stand-ins, then the checks of :mod:`.validation`.
 
-torch's ``weights_only`` loader (the default since torch 2.6) refuses the release checkpoints of
-RePaViT and timm's ``train.py`` (an ``argparse.Namespace`` under ``args``) and of SLAB and
-Microsoft Swin (a yacs ``CfgNode`` under ``config``). :func:`load_checkpoint_file` tries that
-loader first; if it refuses a global, the file is read again by an unpickler that resolves
-globals from an explicit allow-list only: what torch's ``weights_only`` loader allows (tensors,
-containers, numbers, dtypes, and the safe globals mmrepa registers for mmengine), plus inert
-stand-ins for the foreign configuration objects, which keep their data and nothing else. Any
-other global is refused by name before anything is called.
+torch's ``weights_only`` loader (the default since torch 2.6) builds tensors, containers,
+numbers and strings, and any other object only from its allow-list of globals. The release
+checkpoints of RePaViT and timm's ``train.py`` (an ``argparse.Namespace`` under ``args``), of
+SLAB and Microsoft Swin (a yacs ``CfgNode`` under ``config``) and mmengine's (message-hub
+``HistoryBuffer``s, numpy arrays and scalars) need more; :mod:`.stand_ins` provides inert
+stand-ins under those names. :func:`load_restricted` is the one place in mmrepa, its tools and
+benchmarks that deserializes a file: every scheme of :mod:`.schemes` downloads, then calls it.
 
-Installed for mmengine's local-file loader on ``import mmrepa``, so ``init_cfg=Pretrained``,
-``load_from``, resume and the tools all read such files.
+During a load the allow-list is torch's own plus exactly our stand-ins: the foreign ones are
+added for the load only (a plain ``torch.load`` elsewhere in the process keeps refusing a
+Namespace), and anything else registered under one of our names is set aside meanwhile (torch
+would pick one of two entries for a name at random).
 """
-import _compat_pickle
-import os.path as osp
+import contextlib
 import pickle
-from typing import Any, Dict
+import re
+import threading
+from typing import Any, Iterator
 
 import torch
-from mmengine.runner.checkpoint import CheckpointLoader
+from torch import _weights_only_unpickler
 
 from ..errors import CheckpointError
+from .stand_ins import FOREIGN_GLOBALS, MMENGINE_GLOBALS, collect_config_nodes, finish
+from .validation import check_checkpoint
+
+OUR_GLOBALS = MMENGINE_GLOBALS + FOREIGN_GLOBALS
+_OUR_NAMES = {name for _, name in OUR_GLOBALS}
+_LOCK = threading.RLock()  # torch's safe-globals list is one per process
+
+READS = ('tensors, containers, numbers, strings, numpy data and mmengine records, and rebuilds '
+         'argparse.Namespace, yacs.config.CfgNode and easydict.EasyDict as plain data')
+TRUSTED_WAY = ('If you trust the file, load it once with torch.load(weights_only=False) and save '
+               "the weights alone: torch.save(ckpt['model'], 'weights.pth')")
 
 
-class ForeignNamespace:
-    """What an ``argparse.Namespace`` in a checkpoint is rebuilt as: its attributes only."""
-
-    def __repr__(self) -> str:
-        return f'ForeignNamespace({vars(self)})'
+class RefusedCheckpointError(CheckpointError, pickle.UnpicklingError):
+    """The file asks for something the restricted loader does not do."""
 
 
-class ForeignConfig(dict):
-    """What a yacs ``CfgNode`` or an ``EasyDict`` in a checkpoint is rebuilt as: a dict (keys
-    also readable as attributes) without the original class's behaviour."""
-
-    def __getattr__(self, name: str):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-STAND_INS = {
-    'argparse.Namespace': ForeignNamespace,
-    'yacs.config.CfgNode': ForeignConfig,
-    'easydict.EasyDict': ForeignConfig,
-}
-
-
-class ForeignGlobalError(CheckpointError, pickle.UnpicklingError):
+class ForeignGlobalError(RefusedCheckpointError):
     """The file asks for a global that is not on the allow-list."""
 
 
-def _allowed_globals() -> Dict[str, Any]:
-    from torch import _weights_only_unpickler
-    allowed = dict(_weights_only_unpickler._get_allowed_globals())
-    for item in torch.serialization.get_safe_globals():
-        obj, name = item if isinstance(item, tuple) else (
-            item, f'{item.__module__}.{item.__qualname__}')
-        allowed[name] = obj
-    allowed.update(STAND_INS)
-    return allowed
+def _entry_name(entry: Any) -> str:
+    """The name torch matches a safe-globals entry under."""
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
 
 
-def _restricted_pickle_module(filename: str):
-    allowed = _allowed_globals()
-
-    class RestrictedUnpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str):
-            # protocol-2 pickles (torch's default) name Python 2 modules, e.g. __builtin__.set
-            if (module, name) in _compat_pickle.NAME_MAPPING:
-                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-            full = f'{module}.{name}'
-            if full in allowed:
-                return allowed[full]
-            raise ForeignGlobalError(
-                f'{filename} contains {full}, which mmrepa does not load: it reads tensors, '
-                'containers, numbers, strings, numpy data and mmengine records, and rebuilds '
-                f'{", ".join(sorted(STAND_INS))} as plain data. If you trust the file, load it '
-                'once with torch.load(weights_only=False) and save the weights alone: '
-                "torch.save(ckpt['model'], 'weights.pth')")
-
-    class Module:  # what torch.load needs of a pickle module
-        Unpickler = RestrictedUnpickler
-
-        @staticmethod
-        def load(file, **kwargs):
-            return RestrictedUnpickler(file, **kwargs).load()
-
-    return Module
+@contextlib.contextmanager
+def our_allow_list() -> Iterator[None]:
+    """torch's safe globals for one load: ours under our names, others' untouched."""
+    with _LOCK:
+        registered = torch.serialization.get_safe_globals()
+        aside = [g for g in registered if _entry_name(g) in _OUR_NAMES and g not in OUR_GLOBALS]
+        added = [g for g in OUR_GLOBALS if g not in registered]
+        if aside:
+            _weights_only_unpickler._remove_safe_globals(aside)
+        try:
+            with torch.serialization.safe_globals(added):
+                yield
+        finally:
+            torch.serialization.add_safe_globals(aside)
 
 
-def load_checkpoint_file(filename: str, map_location='cpu') -> Any:
-    """``torch.load`` a local checkpoint of any project's layout without running its code.
+def _refusal(name: str, err: pickle.UnpicklingError) -> RefusedCheckpointError:
+    """torch's several-paragraph 'Weights only load failed' as one line naming the file."""
+    message = str(err)
+    found = re.search(r'GLOBAL (\S+) (?:was not an allowed global|whose module)', message)
+    if found:
+        full = found.group(1)  # torch drops the 'builtins.' of builtins
+        full = full if '.' in full else f'builtins.{full}'
+        return ForeignGlobalError(f'{name} contains {full}, which mmrepa does not load: it reads '
+                                  f'{READS}. {TRUSTED_WAY}')
+    text = message.split('WeightsUnpickler error: ', 1)[-1]
+    boilerplate = ('Weights only load failed', 'In PyTorch 2.6', 'Check the documentation',
+                   'Please file an issue')
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.strip().startswith(boilerplate)]
+    reason = (lines[0] if lines else type(err).__name__).rstrip('.')
+    return RefusedCheckpointError(f'{name} is refused by the restricted loader ({reason}): '
+                                  f'mmrepa reads {READS}. {TRUSTED_WAY}')
+
+
+def _unreadable(name: str, err: BaseException) -> CheckpointError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ''
+    return CheckpointError(f'{name} is not a readable PyTorch checkpoint ({type(err).__name__}: '
+                           f'{first[:200]}): is it truncated (an interrupted download or copy) or '
+                           'a file of another kind?')
+
+
+def load_restricted(file: Any, name: str, map_location: Any = None) -> Any:
+    """``torch.load(file, weights_only=True)`` with our stand-ins, finished
+    (:func:`.stand_ins.finish`) and checked (:func:`.validation.check_checkpoint`).
+
+    Args:
+        file: A path or a binary file object.
+        name: The file for messages (a path, or a URL and its cached file).
+        map_location: As for ``torch.load``.
 
     Raises:
-        FileNotFoundError: no such file.
-        CheckpointError: not a readable checkpoint (truncated, another format), or it holds a
-            global outside the allow-list (:class:`ForeignGlobalError`); the message says what
-            to do.
+        CheckpointError: one line naming ``name``: not a checkpoint (truncated, another
+            format), refused (:class:`RefusedCheckpointError`, :class:`ForeignGlobalError` for a
+            global outside the allow-list), or malformed weights.
     """
-    filename = osp.expanduser(str(filename))
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f'checkpoint {filename} does not exist: check the path (see '
-                                "the README's 'Data and checkpoints')")
     try:
-        try:
-            return torch.load(filename, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError:
-            pass  # a global or opcode torch does not allow: the allow-list below decides
-        return torch.load(filename, map_location=map_location, weights_only=False,
-                          pickle_module=_restricted_pickle_module(filename))
-    except CheckpointError:
-        raise
+        with collect_config_nodes() as nodes, our_allow_list():
+            ckpt = torch.load(file, map_location=map_location, weights_only=True)
+        ckpt = finish(ckpt, nodes)
+    except pickle.UnpicklingError as err:
+        raise _refusal(name, err) from None
+    except TypeError as err:  # an allowed class or function called with arguments it refuses
+        raise _refusal(name, pickle.UnpicklingError(f'{type(err).__name__}: {err}')) from None
+    except RecursionError:
+        raise RefusedCheckpointError(f'{name} nests its data deeper than any checkpoint does '
+                                     '(Python recursion limit); mmrepa does not load it') from None
     except Exception as err:  # truncated zip, wrong magic number, a text file, ...
-        raise CheckpointError(
-            f'{filename} is not a readable PyTorch checkpoint ({type(err).__name__}: '
-            f'{str(err).splitlines()[0] if str(err) else ""}): is it truncated (an interrupted '
-            'download or copy) or a file of another kind?') from err
-
-
-def load_from_local_restricted(filename: str, map_location=None):
-    """mmengine's local-file loader, reading through :func:`load_checkpoint_file`."""
-    return load_checkpoint_file(filename, map_location)
-
-
-def install_restricted_loader() -> None:
-    """Make mmengine's loader for local paths (``load_from``, resume, ``init_cfg``,
-    ``load_checkpoint``) use :func:`load_checkpoint_file`."""
-    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local_restricted, force=True)
+        raise _unreadable(name, err) from None
+    check_checkpoint(ckpt, name)
+    return ckpt
