@@ -2,6 +2,7 @@
 import-time warnings, and one line naming the package when an optional dependency is missing."""
 import os
 import os.path as osp
+import re
 import stat
 import subprocess
 import sys
@@ -57,7 +58,9 @@ def test_tools_print_no_warnings_at_start():
         proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == (0 if '--help' in args else 1), proc.stderr[-3000:]
         assert not [line for line in proc.stderr.splitlines() if 'Warning' in line], proc.stderr
-    assert proc.stderr.startswith('tools/test.py: 1 input of')  # the run got to the config
+    # the run got to the config (how many inputs are missing depends on whether the demo's
+    # data were generated in this checkout)
+    assert re.match(r'tools/test\.py: \d+ inputs? of .* missing', proc.stderr), proc.stderr
 
 
 def test_help_needs_no_optional_dependency():
