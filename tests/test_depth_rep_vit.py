@@ -402,16 +402,20 @@ def test_frozen_stages_zero_freezes_the_embeddings_only(fold):
 def test_layer_wise_lr_decay_in_mmpretrain():
     """mmpretrain's LearningRateDecayOptimWrapperConstructor gives every parameter of a
     block (all its branches) one learning rate, decaying towards the input."""
+    from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS
-    classifier = MODELS.build(dict(
-        type='ImageClassifier',
-        backbone=dict(type='DepthRepViT', arch=SMALL, num_branches=2, img_size=64),
-        head=dict(type='LinearClsHead', num_classes=3, in_channels=24)))
-    constructor = OPTIM_WRAPPER_CONSTRUCTORS.build(dict(
-        type='LearningRateDecayOptimWrapperConstructor',
-        optim_wrapper_cfg=dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1.0,
-                                                                   weight_decay=0.05)),
-        paramwise_cfg=dict(layer_decay_rate=0.5)))
+
+    # whatever default scope an earlier test in this process left (mmdet's has no classifier)
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        classifier = MODELS.build(dict(
+            type='ImageClassifier',
+            backbone=dict(type='DepthRepViT', arch=SMALL, num_branches=2, img_size=64),
+            head=dict(type='LinearClsHead', num_classes=3, in_channels=24)))
+        constructor = OPTIM_WRAPPER_CONSTRUCTORS.build(dict(
+            type='LearningRateDecayOptimWrapperConstructor',
+            optim_wrapper_cfg=dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1.0,
+                                                                       weight_decay=0.05)),
+            paramwise_cfg=dict(layer_decay_rate=0.5)))
     groups = constructor(classifier).optimizer.param_groups
     lr = {}
     for group in groups:
