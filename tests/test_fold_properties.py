@@ -26,9 +26,13 @@ def assert_fold_exact(model, size, dtype, seed):
     with torch.no_grad():
         ref = model(x)
         out = reparameterize(copy.deepcopy(model))(x)
+        # in float32, a tiny model (2 channels, linear attention) can round far more than 1e-4
+        # by itself: the fold may then err as much as the unfolded model does against float64
+        exact = copy.deepcopy(model).double()(x.double()) if dtype != torch.float64 else ref
     scale = max(r.abs().max().item() for r in ref)
     err = max((r - o).abs().max().item() for r, o in zip(ref, out))
-    assert err <= TOLERANCE[dtype] * scale, (err, scale)
+    own = max((r.double() - e).abs().max().item() for r, e in zip(ref, exact))
+    assert err <= max(TOLERANCE[dtype] * scale, 2 * own), (err, own, scale)
 
 
 @settings(max_examples=12, deadline=None)
