@@ -1,6 +1,7 @@
 # make demo  - install what is missing, then train, fold and evaluate one model per task family
 #              (RetinaNet, Mask R-CNN, UperNet, classifier) on generated data; tools/demo.py --help
 # make test  - install what is missing, then run the test suite
+# make lint  - ruff's checks and its formatter's check (ruff.toml); `make format` rewrites
 # make docs  - install what is missing (with the docs requirements), then build docs/ into
 #              docs/_build/html, strictly (warnings and broken cross-references are errors)
 # PYTHON=/path/to/python uses that interpreter's environment instead of .venv/.
@@ -12,7 +13,7 @@ BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install install-tests demo test docs clean
+.PHONY: install install-tests demo test lint format docs clean
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -26,7 +27,15 @@ install-tests: $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
 demo: install
 	$(PYTHON) tools/demo.py
 
-test: install-tests
+lint: install-tests
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+format: install-tests
+	$(PYTHON) -m ruff check --fix .
+	$(PYTHON) -m ruff format .
+
+test: lint
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 docs: install-tests

@@ -71,13 +71,22 @@ setup(
     name='mmrepa',
     version=read_version(),
     description='Reparameterizable vision backbones for OpenMMLab detection and segmentation',
-    long_description=(open(osp.join(ROOT, 'README.md')).read()
-                      if osp.exists(osp.join(ROOT, 'README.md')) else ''),
+    long_description=(
+        open(osp.join(ROOT, 'README.md')).read() if osp.exists(osp.join(ROOT, 'README.md')) else ''
+    ),
     long_description_content_type='text/markdown',
     packages=find_packages(exclude=('configs', 'tools', 'tests')),
     python_requires='>=3.9',
-    # mmcv is not listed: it must be compiled against the installed torch (tools/install_deps.sh).
-    install_requires=['torch>=2.0', 'mmengine>=0.10,<1.0', 'timm>=1.0'],
+    # What `import mmrepa` imports. tools/install_deps.sh installs the tested versions (mmcv
+    # compiled against the installed torch) and then this package with --no-deps.
+    install_requires=['torch>=2.0', 'mmengine>=0.10,<1.0', 'mmcv>=2.0,<2.2', 'numpy', 'timm>=1.0'],
+    # The downstream libraries and runtimes, each imported only where it is used.
+    extras_require={
+        'mmdet': ['mmdet>=3.0,<4.0'],
+        'mmseg': ['mmsegmentation>=1.0,<2.0'],
+        'mmpretrain': ['mmpretrain>=1.0,<2.0'],
+        'onnx': ['onnx>=1.16', 'onnxruntime>=1.18'],
+    },
     license='Apache-2.0',
     zip_safe=False,
     cmdclass={'build_py': BuildPyWithMim},
