@@ -12,6 +12,7 @@ and the depth-reparameterized ViT
     python tools/train.py configs/demo/classifier_depthrep_vit_shapes.py \
         --work-dir work_dirs/demo/depthrep_vit
 """
+
 import json
 import os
 import os.path as osp
@@ -38,23 +39,43 @@ class DemoModel(NamedTuple):
 
 
 MODELS = {
-    'retinanet': DemoModel('RetinaNet', 'RePa-Swin', 'retinanet/retinanet_repa_swin_shapes.py',
-                           'retinanet/epoch_20.pth'),
-    'classifier': DemoModel('classifier', 'RePa-CAFormer',
-                            'classification/classifier_repa_caformer_shapes.py',
-                            'classification/epoch_10.pth'),
-    'upernet': DemoModel('UperNet', 'RePa-ConvFormer', 'upernet/upernet_repa_convformer_shapes.py',
-                         'upernet/epoch_8.pth'),
-    'mask-rcnn': DemoModel('Mask R-CNN', 'PRepBN-Swin',
-                           'mask-rcnn/mask-rcnn_prepbn_swin_shapes.py', 'mask-rcnn/epoch_8.pth'),
+    'retinanet': DemoModel(
+        'RetinaNet',
+        'RePa-Swin',
+        'retinanet/retinanet_repa_swin_shapes.py',
+        'retinanet/epoch_20.pth',
+    ),
+    'classifier': DemoModel(
+        'classifier',
+        'RePa-CAFormer',
+        'classification/classifier_repa_caformer_shapes.py',
+        'classification/epoch_10.pth',
+    ),
+    'upernet': DemoModel(
+        'UperNet',
+        'RePa-ConvFormer',
+        'upernet/upernet_repa_convformer_shapes.py',
+        'upernet/epoch_8.pth',
+    ),
+    'mask-rcnn': DemoModel(
+        'Mask R-CNN',
+        'PRepBN-Swin',
+        'mask-rcnn/mask-rcnn_prepbn_swin_shapes.py',
+        'mask-rcnn/epoch_8.pth',
+    ),
     # the config next to the checkpoint names its scales.pth
-    'repopt': DemoModel('classifier', 'RepOpt-VGG', 'repopt/repopt_vgg_shapes.py',
-                        'repopt/epoch_6.pth'),
-    'repvgg': DemoModel('classifier', 'RepVGG', 'repvgg/repopt_vgg_shapes.py',
-                        'repvgg/epoch_6.pth'),
-    'depthrep-vit': DemoModel('classifier', 'DepthRepViT',
-                              'depthrep_vit/classifier_depthrep_vit_shapes.py',
-                              'depthrep_vit/epoch_30.pth'),
+    'repopt': DemoModel(
+        'classifier', 'RepOpt-VGG', 'repopt/repopt_vgg_shapes.py', 'repopt/epoch_6.pth'
+    ),
+    'repvgg': DemoModel(
+        'classifier', 'RepVGG', 'repvgg/repopt_vgg_shapes.py', 'repvgg/epoch_6.pth'
+    ),
+    'depthrep-vit': DemoModel(
+        'classifier',
+        'DepthRepViT',
+        'depthrep_vit/classifier_depthrep_vit_shapes.py',
+        'depthrep_vit/epoch_30.pth',
+    ),
 }
 
 
@@ -65,8 +86,9 @@ def run_tool(tool: str, args: List[str], dump: str) -> dict:
     command = [sys.executable, osp.join(ROOT, 'tools', tool), *args]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
-        raise RuntimeError(f'tools/{tool} {" ".join(args)} failed:\n'
-                           + (proc.stdout + proc.stderr)[-3000:])
+        raise RuntimeError(
+            f'tools/{tool} {" ".join(args)} failed:\n' + (proc.stdout + proc.stderr)[-3000:]
+        )
     with open(dump) as f:
         return json.load(f)
 
@@ -76,6 +98,7 @@ def threads_from_env() -> int:
     onnxruntime sessions given torch's count) and the tools it runs: the thread count a
     benchmark records is then the one it measured with."""
     import torch
+
     os.environ.setdefault('OMP_NUM_THREADS', '1')
     torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
     return torch.get_num_threads()
@@ -83,9 +106,14 @@ def threads_from_env() -> int:
 
 def stamp() -> dict:
     """When, and at which commit (marked if tracked files differ from it), a row was measured."""
+
     def git(*args):
-        return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
+        return subprocess.run(
+            ['git', *args], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+
     modified = git('status', '--porcelain', '--untracked-files=no')
-    return dict(measured=time.strftime('%Y-%m-%d %H:%M'),
-                commit=git('rev-parse', '--short', 'HEAD') + (' (modified)' if modified else ''))
+    return dict(
+        measured=time.strftime('%Y-%m-%d %H:%M'),
+        commit=git('rev-parse', '--short', 'HEAD') + (' (modified)' if modified else ''),
+    )

@@ -28,6 +28,7 @@ table; writes every result as JSON, with the machine (mmrepa.utils.machine: CPU,
 extensions, threads, load at start and end) of the whole run under ``machine`` and of each row
 under the row's ``machine`` (``--only`` keeps rows measured by other runs).
 """
+
 import argparse
 import copy
 import functools
@@ -42,10 +43,10 @@ from typing import List, Optional
 import torch
 
 from mmrepa import reparameterize
+from mmrepa.integrations.onnx import export_onnx, onnxruntime_session
+from mmrepa.integrations.quantize import fold_identity_apart, pipeline_inputs
 from mmrepa.utils.latency import cpu_name, time_interleaved
 from mmrepa.utils.machine import finish, machine_info
-from mmrepa.utils.onnx import export_onnx, onnxruntime_session
-from mmrepa.utils.quantize import fold_identity_apart, pipeline_inputs
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from demo_models import MODELS, ROOT, run_tool, stamp, threads_from_env  # noqa: E402
@@ -54,8 +55,11 @@ FORMS = ('unfolded', 'folded', 'identity-apart')
 TORCH_FORMS = ('unfolded', 'folded')  # identity-apart is an INT8 form
 # The demo backbones are 32-256 channels wide, where INT8 kernels barely beat float32: the demo
 # RetinaNet at RePa-Swin-T's widths (96-768), random weights, 224² in, shows the width's effect.
-FULL_WIDTH = {'model.backbone.arch': 'tiny', 'model.neck.in_channels': [192, 384, 768],
-              'test_dataloader.dataset.pipeline.1.scale': (224, 224)}
+FULL_WIDTH = {
+    'model.backbone.arch': 'tiny',
+    'model.neck.in_channels': [192, 384, 768],
+    'test_dataloader.dataset.pipeline.1.scale': (224, 224),
+}
 FULL_WIDTH_CONFIG = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
 
 
@@ -63,15 +67,31 @@ def quantized(config: str, ckpt: str, form: str, tmp: str, options: List[str]) -
     """tools/quantize.py on one form, untimed: its results; the INT8 file in ``tmp``."""
     print(f'  INT8 {form}: calibration, SQNR, metric', flush=True)
     dump = osp.join(tmp, 'result.json')
-    return run_tool('quantize.py', [config, ckpt, '--form', form, '--repeat', '0', '--out',
-                                    osp.join(tmp, f'{form}_int8.onnx'), '--force', '--dump',
-                                    dump, *options], dump)
+    return run_tool(
+        'quantize.py',
+        [
+            config,
+            ckpt,
+            '--form',
+            form,
+            '--repeat',
+            '0',
+            '--out',
+            osp.join(tmp, f'{form}_int8.onnx'),
+            '--force',
+            '--dump',
+            dump,
+            *options,
+        ],
+        dump,
+    )
 
 
 def backbones(config: str, ckpt: str, cfg_options: Optional[dict]):
     """The model's backbone in every form, and the first test image as it enters it (the
     image tools/quantize.py measures SQNR on first)."""
     from mmrepa.apis import init_model, load_config
+
     model = init_model(load_config(config, cfg_options), ckpt)
     x = pipeline_inputs(model.cfg, model.data_preprocessor, 1, 'test', seed=1)[0][0]
     forms = dict(unfolded=model, folded=reparameterize(copy.deepcopy(model)))
@@ -94,30 +114,40 @@ def timed_variants(backbone: dict, x: torch.Tensor, tmp: str):
     for form in FORMS:
         path = osp.join(tmp, f'{form}.onnx')
         export_onnx(backbone[form], x, path)
-        for key, p in (('onnx_float32_ms', path), ('onnx_int8_ms', osp.join(
-                tmp, f'{form}_int8.onnx'))):
+        for key, p in (
+            ('onnx_float32_ms', path),
+            ('onnx_int8_ms', osp.join(tmp, f'{form}_int8.onnx')),
+        ):
             session = onnxruntime_session(p, threads)
             variants[(form, key)] = functools.partial(session.run, None, {'input': x.numpy()})
     return variants, compile_seconds
 
 
 @torch.no_grad()
-def measure(config: str, ckpt: str, repeat: int, tmp: str, cfg_options: Optional[dict] = None,
-            metric: bool = True) -> dict:
+def measure(
+    config: str,
+    ckpt: str,
+    repeat: int,
+    tmp: str,
+    cfg_options: Optional[dict] = None,
+    metric: bool = True,
+) -> dict:
     """Every form's INT8 results (tools/quantize.py), then every latency in one interleaved
     timing (unfolded / folded eager and compiled; every form in onnxruntime float32 and INT8)."""
     options = [] if metric else ['--no-metric']
     if cfg_options:
-        options += ['--cfg-options', *(f'{k}={v}'.replace(' ', '')
-                                       for k, v in cfg_options.items())]
+        options += ['--cfg-options', *(f'{k}={v}'.replace(' ', '') for k, v in cfg_options.items())]
     out = dict(config=osp.relpath(config, ROOT), forms={})
     for form in FORMS:
         r = quantized(config, ckpt, form, tmp, options)
         row = out['forms'][form] = dict(sqnr_db=r['sqnr_db'])
         if metric:
             key = out['metric_key'] = r['metric_key']
-            row.update(metric_float32=r['metric']['float32'][key],
-                       metric_int8=r['metric']['int8'][key], metric_drop=r['metric_drop'])
+            row.update(
+                metric_float32=r['metric']['float32'][key],
+                metric_int8=r['metric']['int8'][key],
+                metric_drop=r['metric_drop'],
+            )
         out['input_shape'] = r['input_shape']
     backbone, x = backbones(config, ckpt, cfg_options)
     assert list(x.shape) == out['input_shape'], (x.shape, out['input_shape'])
@@ -135,6 +165,7 @@ def measure_full_width(repeat: int, tmp: str) -> dict:
     """FULL_WIDTH_CONFIG at FULL_WIDTH with random weights and BatchNorm statistics: latency
     and SQNR, no metric."""
     from mmrepa.apis import init_model, load_config
+
     model = init_model(load_config(FULL_WIDTH_CONFIG, FULL_WIDTH))
     g = torch.Generator().manual_seed(0)
     for m in model.modules():
@@ -143,8 +174,10 @@ def measure_full_width(repeat: int, tmp: str) -> dict:
             m.running_var.uniform_(0.5, 2, generator=g)
     ckpt = osp.join(tmp, 'full_width.pth')
     torch.save(dict(state_dict=model.state_dict()), ckpt)
-    return dict(measure(FULL_WIDTH_CONFIG, ckpt, repeat, tmp, FULL_WIDTH, metric=False),
-                cfg_options=FULL_WIDTH)
+    return dict(
+        measure(FULL_WIDTH_CONFIG, ckpt, repeat, tmp, FULL_WIDTH, metric=False),
+        cfg_options=FULL_WIDTH,
+    )
 
 
 def fmt(value, spec='.2f'):
@@ -152,41 +185,58 @@ def fmt(value, spec='.2f'):
 
 
 def table(results: dict) -> str:
-    lines = ['| family (demo model, input) | form | eager fp32 ms | compiled fp32 ms | '
-             'ORT fp32 ms | ORT INT8 ms | INT8 speed-up | INT8 SQNR dB | metric fp32 → INT8 |',
-             '|---|---|---|---|---|---|---|---|---|']
-    rows = [(f"{r['backbone']} ({r['what']}", r) for r in results['models'].values()]
+    lines = [
+        '| family (demo model, input) | form | eager fp32 ms | compiled fp32 ms | '
+        'ORT fp32 ms | ORT INT8 ms | INT8 speed-up | INT8 SQNR dB | metric fp32 → INT8 |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
+    rows = [(f'{r["backbone"]} ({r["what"]}', r) for r in results['models'].values()]
     if 'full_width' in results:
         rows.append(('RePa-Swin-T widths (RetinaNet demo, random weights', results['full_width']))
     for label, r in rows:
         h, w = r['input_shape'][2:]
         for form, o in r['forms'].items():
-            metric = (f"{o['metric_float32']:.3f} → {o['metric_int8']:.3f}"
-                      if 'metric_int8' in o else '–')
+            metric = (
+                f'{o["metric_float32"]:.3f} → {o["metric_int8"]:.3f}' if 'metric_int8' in o else '–'
+            )
             lines.append(
-                f"| {label + f', {h}×{w})' if form == FORMS[0] else ''} | {form} | "
-                f"{fmt(o.get('eager_ms'))} | {fmt(o.get('compiled_ms'))} | "
-                f"{o['onnx_float32_ms']:.2f} | {o['onnx_int8_ms']:.2f} | "
-                f"{o['int8_speedup']:.2f}× | {o['sqnr_db']:.1f} | {metric} |")
+                f'| {label + f", {h}×{w})" if form == FORMS[0] else ""} | {form} | '
+                f'{fmt(o.get("eager_ms"))} | {fmt(o.get("compiled_ms"))} | '
+                f'{o["onnx_float32_ms"]:.2f} | {o["onnx_int8_ms"]:.2f} | '
+                f'{o["int8_speedup"]:.2f}× | {o["sqnr_db"]:.1f} | {metric} |'
+            )
     return '\n'.join(lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('--out', default=osp.join(ROOT, 'benchmarks', 'results',
-                                                  'deploy_table.json'))
-    parser.add_argument('--only', nargs='+', choices=[*MODELS, 'full-width'],
-                        help="measure these models again; the others' results in --out stay")
+    parser.add_argument(
+        '--out', default=osp.join(ROOT, 'benchmarks', 'results', 'deploy_table.json')
+    )
+    parser.add_argument(
+        '--only',
+        nargs='+',
+        choices=[*MODELS, 'full-width'],
+        help="measure these models again; the others' results in --out stay",
+    )
     parser.add_argument('--repeat', type=int, default=200, help='timed rounds per measurement')
     args = parser.parse_args(argv)
     import onnxruntime
+
     torch.set_flush_denormal(True)  # as tools/benchmark.py
     threads_from_env()
     machine = machine_info()
-    results = dict(cpu=cpu_name(), torch=torch.__version__, onnxruntime=onnxruntime.__version__,
-                   omp_num_threads=os.environ['OMP_NUM_THREADS'], repeat=args.repeat,
-                   command=' '.join([osp.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-                   machine=machine, models={}, skipped=[])
+    results = dict(
+        cpu=cpu_name(),
+        torch=torch.__version__,
+        onnxruntime=onnxruntime.__version__,
+        omp_num_threads=os.environ['OMP_NUM_THREADS'],
+        repeat=args.repeat,
+        command=' '.join([osp.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        machine=machine,
+        models={},
+        skipped=[],
+    )
     if args.only and osp.exists(args.out):
         with open(args.out) as f:
             kept = json.load(f)
@@ -198,20 +248,25 @@ def main(argv=None):
             if args.only and name not in args.only:
                 continue
             if model.missing():
-                results['skipped'].append(f"{name}: no {', '.join(model.missing())}")
+                results['skipped'].append(f'{name}: no {", ".join(model.missing())}')
                 continue
             print(f'{model.backbone} {model.what}', flush=True)
             config, ckpt = model.paths()
             row_machine = machine_info()
             results['models'][name] = dict(
-                measure(config, ckpt, args.repeat, tmp), what=model.what,
-                backbone=model.backbone, checkpoint=osp.relpath(ckpt, ROOT), **stamp(),
-                machine=finish(row_machine))
+                measure(config, ckpt, args.repeat, tmp),
+                what=model.what,
+                backbone=model.backbone,
+                checkpoint=osp.relpath(ckpt, ROOT),
+                **stamp(),
+                machine=finish(row_machine),
+            )
         if not args.only or 'full-width' in args.only:
             print('RePa-Swin-T widths, random weights', flush=True)
             row_machine = machine_info()
-            results['full_width'] = dict(measure_full_width(args.repeat, tmp), **stamp(),
-                                         machine=finish(row_machine))
+            results['full_width'] = dict(
+                measure_full_width(args.repeat, tmp), **stamp(), machine=finish(row_machine)
+            )
     results['models'] = {k: results['models'][k] for k in MODELS if k in results['models']}
     finish(machine)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)

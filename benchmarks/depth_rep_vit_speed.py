@@ -21,6 +21,7 @@ unfolded output is computed branch by branch (``fast_joined_forward=False``): th
 λ = 1 forward runs on weights summed by the same arithmetic as the fold, and a fold error there
 would be on both sides of the difference.
 """
+
 import argparse
 import copy
 import datetime
@@ -53,19 +54,27 @@ EFFICIENCY_TARGET = 0.9
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('--repeat', type=int, default=800,
-                        help='timed rounds (about 0.25 s each at one thread)')
+    parser.add_argument(
+        '--repeat', type=int, default=800, help='timed rounds (about 0.25 s each at one thread)'
+    )
     parser.add_argument('--warmup', type=int, default=20, help='untimed rounds first')
     parser.add_argument('--threads', type=int, default=1, help='torch.set_num_threads')
     parser.add_argument('--shape', type=int, default=224, help='square input side')
-    parser.add_argument('--head', action='store_true',
-                        help='put a Linear(192, 1000) classifier on every model (default: '
-                        'backbones only, pooled + LayerNorm)')
-    parser.add_argument('--keep-denormals', action='store_true',
-                        help='do not flush denormal floats to zero')
+    parser.add_argument(
+        '--head',
+        action='store_true',
+        help='put a Linear(192, 1000) classifier on every model (default: '
+        'backbones only, pooled + LayerNorm)',
+    )
+    parser.add_argument(
+        '--keep-denormals', action='store_true', help='do not flush denormal floats to zero'
+    )
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--out', default='benchmarks/results/depth_rep_vit_tiny_1thread.json',
-                        help='write the result as JSON here (empty: do not write)')
+    parser.add_argument(
+        '--out',
+        default='benchmarks/results/depth_rep_vit_tiny_1thread.json',
+        help='write the result as JSON here (empty: do not write)',
+    )
     return parser.parse_args()
 
 
@@ -113,7 +122,7 @@ def build(with_head: bool, seed: int, **kwargs):
 def macs_paper(model: nn.Module, x: torch.Tensor) -> int:
     """SPEC §7.7 "paper" convention: mmengine's count without the attention matmuls (it has no
     handle for scaled_dot_product_attention)."""
-    analyzer = FlopAnalyzer(model, (x, ))
+    analyzer = FlopAnalyzer(model, (x,))
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
     return analyzer.total()
@@ -139,19 +148,27 @@ def run(args):
         unfolded, folded = build(args.head, args.seed, **kwargs)
         with torch.inference_mode():
             ref, out = unfolded(x), folded(x)
-        c = complexity(folded, (x, ))
+        c = complexity(folded, (x,))
         block = folded.backbone.stages[0].attn
         info[name] = dict(
-            depth=folded.backbone.depth, branches=folded.backbone.num_branches,
+            depth=folded.backbone.depth,
+            branches=folded.backbone.num_branches,
             join=kwargs.get('join', 'logits') if folded.backbone.num_branches > 1 else None,
-            heads=block.num_heads, head_dim=block.folded_width // block.num_heads,
-            params=c['params'], params_unfolded=complexity(unfolded, (x, ))['params'],
-            macs_full=c['macs'], macs_paper=macs_paper(folded, x),
+            heads=block.num_heads,
+            head_dim=block.folded_width // block.num_heads,
+            params=c['params'],
+            params_unfolded=complexity(unfolded, (x,))['params'],
+            macs_full=c['macs'],
+            macs_paper=macs_paper(folded, x),
             fold_max_abs_diff=(out - ref).abs().max().item(),
-            output_max_abs=ref.abs().max().item())
+            output_max_abs=ref.abs().max().item(),
+        )
         models[name] = folded
-        print(f'{name:<18} {c["params"] / 1e6:6.2f} M params, {c["macs"] / 1e6:7.1f} M MACs, '
-              f'fold max |diff| {info[name]["fold_max_abs_diff"]:.1e}', flush=True)
+        print(
+            f'{name:<18} {c["params"] / 1e6:6.2f} M params, {c["macs"] / 1e6:7.1f} M MACs, '
+            f'fold max |diff| {info[name]["fold_max_abs_diff"]:.1e}',
+            flush=True,
+        )
 
     def progress(done, total):
         if done % max(1, total // 10) == 0 or done == total:
@@ -161,8 +178,12 @@ def run(args):
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     with torch.inference_mode():
-        stats = time_interleaved({k: (lambda m=m: m(x)) for k, m in models.items()},
-                                 repeat=args.repeat, warmup=args.warmup, progress=progress)
+        stats = time_interleaved(
+            {k: (lambda m=m: m(x)) for k, m in models.items()},
+            repeat=args.repeat,
+            warmup=args.warmup,
+            progress=progress,
+        )
     elapsed = time.perf_counter() - t0
     load_after = os.getloadavg()
     finish(machine)
@@ -173,67 +194,101 @@ def run(args):
     for name, s in stats.items():
         r = info[name]
         q1, q3 = spread(s.samples)
-        r.update(median_ms=s.median, min_ms=s.min, max_ms=s.max, q1_ms=q1, q3_ms=q3,
-                 gmacs=r['macs_full'] / 1e9, gmacs_paper=r['macs_paper'] / 1e9)
+        r.update(
+            median_ms=s.median,
+            min_ms=s.min,
+            max_ms=s.max,
+            q1_ms=q1,
+            q3_ms=q3,
+            gmacs=r['macs_full'] / 1e9,
+            gmacs_paper=r['macs_paper'] / 1e9,
+        )
         if name != BASELINE:
             speedup = base / s.median
             ratio, ratio_paper = base_full / r['macs_full'], base_paper / r['macs_paper']
-            r.update(speedup=speedup, latency_change_percent=100.0 * (1 / speedup - 1),
-                     gmacs_ratio=ratio, speedup_over_gmacs_ratio=speedup / ratio,
-                     target_met=speedup / ratio >= EFFICIENCY_TARGET,
-                     gmacs_ratio_paper=ratio_paper,
-                     speedup_over_gmacs_ratio_paper=speedup / ratio_paper,
-                     paper_latency_change_percent=(PAPER_R_PERCENT[r['depth']]
-                                                   if r['join'] == 'logits' else None),
-                     paper_plain_latency_change_percent=100.0 * (
-                         PAPER_PLAIN_MS[r['depth']] / PAPER_PLAIN_MS[12] - 1))
+            r.update(
+                speedup=speedup,
+                latency_change_percent=100.0 * (1 / speedup - 1),
+                gmacs_ratio=ratio,
+                speedup_over_gmacs_ratio=speedup / ratio,
+                target_met=speedup / ratio >= EFFICIENCY_TARGET,
+                gmacs_ratio_paper=ratio_paper,
+                speedup_over_gmacs_ratio_paper=speedup / ratio_paper,
+                paper_latency_change_percent=(
+                    PAPER_R_PERCENT[r['depth']] if r['join'] == 'logits' else None
+                ),
+                paper_plain_latency_change_percent=100.0
+                * (PAPER_PLAIN_MS[r['depth']] / PAPER_PLAIN_MS[12] - 1),
+            )
         results[name] = r
 
     return dict(
         benchmark='depth_rep_vit_speed',
         command=shlex.join([osp.relpath(sys.executable), *sys.argv]),
         date=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
-        device='cpu', device_name=cpu_name(), threads=torch.get_num_threads(),
-        flush_denormal=bool(flush), dtype=str(x.dtype), shape=[args.shape, args.shape],
-        batch=1, repeat=args.repeat, warmup=args.warmup, seed=args.seed,
+        device='cpu',
+        device_name=cpu_name(),
+        threads=torch.get_num_threads(),
+        flush_denormal=bool(flush),
+        dtype=str(x.dtype),
+        shape=[args.shape, args.shape],
+        batch=1,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        seed=args.seed,
         torch=torch.__version__,
-        outputs=('Linear(192, 1000) head on the pooled output' if args.head
-                 else "backbone only: out_type='avg' (patch mean + LayerNorm), no head"),
+        outputs=(
+            'Linear(192, 1000) head on the pooled output'
+            if args.head
+            else "backbone only: out_type='avg' (patch mean + LayerNorm), no head"
+        ),
         baseline="DepthRepViT('tiny', num_branches=1) folded: plain 12-layer ViT-Tiny, 12 heads "
-                 'of 16 (the paper compares against DeiT-Tiny; SPEC §7.1)',
+        'of 16 (the paper compares against DeiT-Tiny; SPEC §7.1)',
         macs_conventions={
             'gmacs': 'full: linear/conv matmuls + attention QK^T and AV (SDPA) + 5/elem per '
-                     'affine LN (mmrepa.utils.complexity)',
-            'gmacs_paper': 'paper: the same without the attention matmuls (SPEC-depth §7.7)'},
+            'affine LN (mmrepa.utils.complexity)',
+            'gmacs_paper': 'paper: the same without the attention matmuls (SPEC-depth §7.7)',
+        },
         efficiency_target=EFFICIENCY_TARGET,
-        load_average_before=list(load_before), load_average_after=list(load_after),
-        timing_seconds=elapsed, machine=machine,
-        models=results)
+        load_average_before=list(load_before),
+        load_average_after=list(load_after),
+        timing_seconds=elapsed,
+        machine=machine,
+        models=results,
+    )
 
 
 def format_table(result):
-    lines = [f"{result['device_name']}, {result['threads']} thread(s), {result['dtype']}, "
-             f"batch 1, {result['shape'][0]}x{result['shape'][1]}, {result['repeat']} "
-             f"interleaved rounds; {result['outputs']}",
-             f"{'model':<18}{'params M':>9}{'GMACs':>7}{'ms':>8}{'q1':>7}{'q3':>7}"
-             f"{'speed-up':>9}{'MACs x':>7}{'eff.':>6}{'latency':>9}{'paper':>8}{'fold err':>9}"]
+    lines = [
+        f'{result["device_name"]}, {result["threads"]} thread(s), {result["dtype"]}, '
+        f'batch 1, {result["shape"][0]}x{result["shape"][1]}, {result["repeat"]} '
+        f'interleaved rounds; {result["outputs"]}',
+        f'{"model":<18}{"params M":>9}{"GMACs":>7}{"ms":>8}{"q1":>7}{"q3":>7}'
+        f'{"speed-up":>9}{"MACs x":>7}{"eff.":>6}{"latency":>9}{"paper":>8}{"fold err":>9}',
+    ]
     for name, r in result['models'].items():
-        line = (f"{name:<18}{r['params'] / 1e6:>9.2f}{r['gmacs']:>7.3f}{r['median_ms']:>8.2f}"
-                f"{r['q1_ms']:>7.2f}{r['q3_ms']:>7.2f}")
+        line = (
+            f'{name:<18}{r["params"] / 1e6:>9.2f}{r["gmacs"]:>7.3f}{r["median_ms"]:>8.2f}'
+            f'{r["q1_ms"]:>7.2f}{r["q3_ms"]:>7.2f}'
+        )
         if 'speedup' in r:
             paper = r['paper_latency_change_percent']
-            line += (f"{r['speedup']:>9.3f}{r['gmacs_ratio']:>7.3f}"
-                     f"{r['speedup_over_gmacs_ratio']:>6.2f}"
-                     f"{r['latency_change_percent']:>8.1f}%"
-                     f"{'' if paper is None else f'{paper:.1f}%':>8}")
+            line += (
+                f'{r["speedup"]:>9.3f}{r["gmacs_ratio"]:>7.3f}'
+                f'{r["speedup_over_gmacs_ratio"]:>6.2f}'
+                f'{r["latency_change_percent"]:>8.1f}%'
+                f'{"" if paper is None else f"{paper:.1f}%":>8}'
+            )
         else:
-            line += f"{'':>9}{'':>7}{'':>6}{'':>9}{'':>8}"
-        line += f"{r['fold_max_abs_diff']:>9.1e}"
+            line += f'{"":>9}{"":>7}{"":>6}{"":>9}{"":>8}'
+        line += f'{r["fold_max_abs_diff"]:>9.1e}'
         lines.append(line)
     met = [n for n, r in result['models'].items() if r.get('target_met')]
     missed = [n for n, r in result['models'].items() if r.get('target_met') is False]
-    lines.append(f"speed-up / MACs ratio >= {result['efficiency_target']}: met by "
-                 f"{', '.join(met) or 'none'}; missed by {', '.join(missed) or 'none'}")
+    lines.append(
+        f'speed-up / MACs ratio >= {result["efficiency_target"]}: met by '
+        f'{", ".join(met) or "none"}; missed by {", ".join(missed) or "none"}'
+    )
     return '\n'.join(lines)
 
 

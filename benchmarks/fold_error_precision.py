@@ -11,6 +11,7 @@ to the precision's own error (the unfolded model in that precision vs float32), 
 the largest output. A fold costs nothing beyond the precision when the first is of the order of
 the second.
 """
+
 import argparse
 import contextlib
 import copy
@@ -32,15 +33,26 @@ from mmrepa.utils.machine import finish, machine_info  # noqa: E402
 MORE = {
     'RepVGG-B1 (RepOptVGG mode repvgg)': lambda: RepOptVGG('B1', mode='repvgg'),
     'DepthRepViT-Tiny 6x2, logit join (λ = 1)': lambda: DepthRepViT(
-        'tiny', depth=6, join_lambda=1.0, with_cls_token=False, out_type='featmap',
-        window_size=14, global_blocks=(2, 5), out_indices=(5, )),
+        'tiny',
+        depth=6,
+        join_lambda=1.0,
+        with_cls_token=False,
+        out_type='featmap',
+        window_size=14,
+        global_blocks=(2, 5),
+        out_indices=(5,),
+    ),
 }
 PRECISIONS = {
     'float32': (torch.float32, contextlib.nullcontext),
-    'autocast bfloat16': (torch.float32, functools.partial(torch.autocast, 'cpu',
-                                                           dtype=torch.bfloat16)),
-    'autocast float16': (torch.float32, functools.partial(torch.autocast, 'cpu',
-                                                          dtype=torch.float16)),
+    'autocast bfloat16': (
+        torch.float32,
+        functools.partial(torch.autocast, 'cpu', dtype=torch.bfloat16),
+    ),
+    'autocast float16': (
+        torch.float32,
+        functools.partial(torch.autocast, 'cpu', dtype=torch.float16),
+    ),
     'bfloat16 weights': (torch.bfloat16, contextlib.nullcontext),
 }
 
@@ -60,8 +72,9 @@ def precision_errors(build, shape) -> dict:
         with context():
             before = [o.double() for o in unfolded(x.to(dtype))]
             after = [o.double() for o in folded(x.to(dtype))]
-        result[name] = dict(fold=errors(before, after)['rel'],
-                            precision=errors(reference, before)['rel'])
+        result[name] = dict(
+            fold=errors(before, after)['rel'], precision=errors(reference, before)['rel']
+        )
     return result
 
 
@@ -72,15 +85,25 @@ def main():
     args = parser.parse_args()
     MMLogger.get_current_instance().setLevel('WARNING')
     # bfloat16 / float16 arithmetic on the CPU depends on its extensions (avx512_bf16, amx_bf16)
-    results = dict(shape=args.shape, command=' '.join(sys.argv), torch=torch.__version__,
-                   machine=machine_info(), backbones={})
-    print(f'input 1x3x{args.shape[0]}x{args.shape[1]}; relative errors: fold (folded vs '
-          'unfolded) / precision (unfolded vs float32)')
-    print(f"{'':<44}" + ''.join(f'{p:>22}' for p in PRECISIONS))
+    results = dict(
+        shape=args.shape,
+        command=' '.join(sys.argv),
+        torch=torch.__version__,
+        machine=machine_info(),
+        backbones={},
+    )
+    print(
+        f'input 1x3x{args.shape[0]}x{args.shape[1]}; relative errors: fold (folded vs '
+        'unfolded) / precision (unfolded vs float32)'
+    )
+    print(f'{"":<44}' + ''.join(f'{p:>22}' for p in PRECISIONS))
     for name, build in {**BACKBONES, **MORE}.items():
         r = results['backbones'][name] = precision_errors(build, args.shape)
-        print(f'{name:<44}' + ''.join(f"{v['fold']:>11.1e} /{v['precision']:>8.1e}"
-                                      for v in r.values()), flush=True)
+        print(
+            f'{name:<44}'
+            + ''.join(f'{v["fold"]:>11.1e} /{v["precision"]:>8.1e}' for v in r.values()),
+            flush=True,
+        )
     finish(results['machine'])
     if args.out:
         with open(args.out, 'w') as f:

@@ -16,6 +16,7 @@ skipped (and listed). Prints a table; writes every result as JSON, with the mach
 under ``machine`` and of each run under the run's ``machine`` (as tools/quantize.py recorded it;
 ``--only`` keeps runs measured by other runs).
 """
+
 import argparse
 import collections
 import json
@@ -39,11 +40,33 @@ RUNS = [
     ('retinanet', 'full', 'folded', 'S8S8', ['--activation-type', 'int8']),
     ('retinanet', 'backbone', 'identity-apart', 'default', ['--report']),
     ('retinanet', 'backbone', 'folded', 'default', []),
-    ('retinanet', 'backbone', 'folded', 'MatMul/Gemm/Conv only',
-     ['--exclude-ops', 'Add', 'Mul', 'Softmax', 'Transpose', 'Reshape', 'Split', 'Squeeze',
-      'Unsqueeze', 'Gather', 'Slice', 'Concat']),
-    ('retinanet', 'backbone', 'folded', '512 x 512 input', ['--no-metric', '--cfg-options',
-                                                            *LARGE]),
+    (
+        'retinanet',
+        'backbone',
+        'folded',
+        'MatMul/Gemm/Conv only',
+        [
+            '--exclude-ops',
+            'Add',
+            'Mul',
+            'Softmax',
+            'Transpose',
+            'Reshape',
+            'Split',
+            'Squeeze',
+            'Unsqueeze',
+            'Gather',
+            'Slice',
+            'Concat',
+        ],
+    ),
+    (
+        'retinanet',
+        'backbone',
+        'folded',
+        '512 x 512 input',
+        ['--no-metric', '--cfg-options', *LARGE],
+    ),
     ('classifier', 'backbone', 'identity-apart', 'default', ['--report']),
     ('classifier', 'backbone', 'folded', 'default', []),
     ('classifier', 'backbone', 'unfolded', 'default', []),
@@ -59,19 +82,53 @@ RUNS = [
     ('repvgg', 'backbone', 'identity-apart', 'per-tensor', ['--per-tensor']),
 ]
 KINDS = {
-    'MatMul / Gemm / Conv': {'Conv', 'MatMul', 'Gemm', 'FusedMatMul', 'FusedConv', 'QLinearConv',
-                             'QLinearMatMul', 'QGemm', 'MatMulIntegerToFloat', 'NchwcConv'},
+    'MatMul / Gemm / Conv': {
+        'Conv',
+        'MatMul',
+        'Gemm',
+        'FusedMatMul',
+        'FusedConv',
+        'QLinearConv',
+        'QLinearMatMul',
+        'QGemm',
+        'MatMulIntegerToFloat',
+        'NchwcConv',
+    },
     'Quantize / Dequantize': {'QuantizeLinear', 'DequantizeLinear'},
-    'data movement': {'Transpose', 'Reshape', 'Split', 'Squeeze', 'Unsqueeze', 'Gather', 'Slice',
-                      'Concat', 'Expand', 'ReorderInput', 'ReorderOutput'},
+    'data movement': {
+        'Transpose',
+        'Reshape',
+        'Split',
+        'Squeeze',
+        'Unsqueeze',
+        'Gather',
+        'Slice',
+        'Concat',
+        'Expand',
+        'ReorderInput',
+        'ReorderOutput',
+    },
 }
 
 
 def run(model, part, form, extra, tmp):
     config, ckpt = MODELS[model].paths()
     out, dump = osp.join(tmp, 'model_int8.onnx'), osp.join(tmp, 'result.json')
-    args = [config, ckpt, '--form', form, '--repeat', '200', '--out', out, '--force',
-            '--dump', dump, *(['--full'] if part == 'full' else []), *extra]
+    args = [
+        config,
+        ckpt,
+        '--form',
+        form,
+        '--repeat',
+        '200',
+        '--out',
+        out,
+        '--force',
+        '--dump',
+        dump,
+        *(['--full'] if part == 'full' else []),
+        *extra,
+    ]
     return run_tool('quantize.py', args, dump), out
 
 
@@ -87,14 +144,18 @@ def profile(path, runs=100):
     """Mean ms per run by kind of op (onnxruntime's profiler, one thread)."""
     import numpy as np
     import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = osp.join(tmp, 'profile')
         session = ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
-        x = np.random.default_rng(0).standard_normal(
-            session.get_inputs()[0].shape).astype(np.float32)
+        x = (
+            np.random.default_rng(0)
+            .standard_normal(session.get_inputs()[0].shape)
+            .astype(np.float32)
+        )
         for _ in range(runs):
             session.run(None, {'input': x})
         with open(session.end_profiling()) as f:
@@ -108,8 +169,11 @@ def profile(path, runs=100):
     kinds = collections.Counter()
     for op, ms in by_op.items():
         kinds[next((k for k, ops in KINDS.items() if op in ops), 'other float / QLinear ops')] += ms
-    return dict(total_ms=total, by_kind_ms=dict(kinds),
-                by_op_ms=dict(sorted(by_op.items(), key=lambda kv: -kv[1])))
+    return dict(
+        total_ms=total,
+        by_kind_ms=dict(kinds),
+        by_op_ms=dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+    )
 
 
 def profile_repa_swin(int8_path, tmp):
@@ -118,8 +182,9 @@ def profile_repa_swin(int8_path, tmp):
 
     import mmrepa
     from mmrepa.apis import init_model
-    from mmrepa.utils.onnx import export_onnx
-    from mmrepa.utils.quantize import input_shape, runtime_op_counts
+    from mmrepa.integrations.onnx import export_onnx
+    from mmrepa.integrations.quantize import input_shape, runtime_op_counts
+
     model = mmrepa.reparameterize(init_model(*MODELS['retinanet'].paths()))
     float_path = osp.join(tmp, 'float32.onnx')
     with torch.no_grad():
@@ -131,8 +196,9 @@ def profile_repa_swin(int8_path, tmp):
     share = f32.get('MatMul / Gemm / Conv', 0) / sum(f32.values())
     result['float32_matmul_share'] = share
     # how much faster the INT8 MatMul / Gemm / Conv kernels (QLinearMatMul, QGemm, ...) ran
-    result['int8_matmul_kernel_speedup'] = (f32.get('MatMul / Gemm / Conv', 0)
-                                            / int8.get('MatMul / Gemm / Conv', float('nan')))
+    result['int8_matmul_kernel_speedup'] = f32.get('MatMul / Gemm / Conv', 0) / int8.get(
+        'MatMul / Gemm / Conv', float('nan')
+    )
     result['speedup_bound_if_matmuls_were_free'] = 1 / (1 - share)
     result['speedup_bound_if_matmuls_were_2x'] = 1 / (1 - share / 2)
     return result
@@ -140,22 +206,33 @@ def profile_repa_swin(int8_path, tmp):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('--out', default=osp.join(ROOT, 'benchmarks', 'results',
-                                                  'quantize_demo_models.json'))
-    parser.add_argument('--only', nargs='+', choices=sorted({m for m, *_ in RUNS}),
-                        help="measure these models again; the others' results in --out stay")
+    parser.add_argument(
+        '--out', default=osp.join(ROOT, 'benchmarks', 'results', 'quantize_demo_models.json')
+    )
+    parser.add_argument(
+        '--only',
+        nargs='+',
+        choices=sorted({m for m, *_ in RUNS}),
+        help="measure these models again; the others' results in --out stay",
+    )
     args = parser.parse_args(argv)
     import onnxruntime
 
+    from mmrepa.integrations.quantize import needs_reduce_range
     from mmrepa.utils.latency import cpu_name
     from mmrepa.utils.machine import finish, machine_info
-    from mmrepa.utils.quantize import needs_reduce_range
+
     threads_from_env()  # the tools' threads (and the profile's one) recorded as they ran
     machine = machine_info()
-    results = dict(cpu=cpu_name(), onnxruntime=onnxruntime.__version__,
-                   omp_num_threads=os.environ['OMP_NUM_THREADS'],
-                   reduce_range_auto=needs_reduce_range(), machine=machine, runs=[],
-                   skipped=[])
+    results = dict(
+        cpu=cpu_name(),
+        onnxruntime=onnxruntime.__version__,
+        omp_num_threads=os.environ['OMP_NUM_THREADS'],
+        reduce_range_auto=needs_reduce_range(),
+        machine=machine,
+        runs=[],
+        skipped=[],
+    )
     if args.only and osp.exists(args.out):
         with open(args.out) as f:
             kept = json.load(f)
@@ -169,12 +246,20 @@ def main(argv=None):
                 continue
             what, backbone = MODELS[model].what, MODELS[model].backbone
             if MODELS[model].missing():
-                results['skipped'].append(f"{model}: no {', '.join(MODELS[model].missing())}")
+                results['skipped'].append(f'{model}: no {", ".join(MODELS[model].missing())}')
                 continue
             print(f'{backbone} {what} {part} {form} ({label}) ...', flush=True)
             result, int8_path = run(model, part, form, extra, tmp)
-            results['runs'].append(dict(summary(result), model=model, backbone=backbone,
-                                        what=what, settings=label, **stamp()))
+            results['runs'].append(
+                dict(
+                    summary(result),
+                    model=model,
+                    backbone=backbone,
+                    what=what,
+                    settings=label,
+                    **stamp(),
+                )
+            )
             rows.append(results['runs'][-1])
             if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
                 results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
@@ -183,26 +268,32 @@ def main(argv=None):
     with open(args.out + '.tmp', 'w') as f:
         json.dump(results, f, indent=2)
     os.replace(args.out + '.tmp', args.out)
-    print('\n| backbone | model | part | form | settings | SQNR dB | metric f32 -> INT8 | '
-          'f32 / INT8 ms | speed-up |\n|---|---|---|---|---|---|---|---|---|')
+    print(
+        '\n| backbone | model | part | form | settings | SQNR dB | metric f32 -> INT8 | '
+        'f32 / INT8 ms | speed-up |\n|---|---|---|---|---|---|---|---|---|'
+    )
     for r in rows:
         metric = ''
         if 'metric' in r:
             key = r['metric_key']
-            metric = (f"{r['metric']['float32'][key]:.4g} -> {r['metric']['int8'][key]:.4g}")
+            metric = f'{r["metric"]["float32"][key]:.4g} -> {r["metric"]["int8"][key]:.4g}'
         lat = r.get('latency_ms', {})
-        ms = (f"{lat['float32']['median']:.2f} / {lat['int8']['median']:.2f}" if lat else '')
-        print(f"| {r['backbone']} | {r['what']} | {r['part']} | {r['form']} | {r['settings']} | "
-              f"{r['sqnr_db']:.1f} | {metric} | {ms} | {r.get('speedup', float('nan')):.2f} |")
+        ms = f'{lat["float32"]["median"]:.2f} / {lat["int8"]["median"]:.2f}' if lat else ''
+        print(
+            f'| {r["backbone"]} | {r["what"]} | {r["part"]} | {r["form"]} | {r["settings"]} | '
+            f'{r["sqnr_db"]:.1f} | {metric} | {ms} | {r.get("speedup", float("nan")):.2f} |'
+        )
     if 'profile_repa_swin_backbone' in results:
         p = results['profile_repa_swin_backbone']
         for name in ('float32', 'int8'):
             kinds = ', '.join(f'{k} {v:.2f}' for k, v in p[name]['by_kind_ms'].items())
-            print(f"profile {name}: {p[name]['total_ms']:.2f} ms per run ({kinds})")
-        print(f"float32 MatMul/Gemm/Conv share {p['float32_matmul_share']:.0%}: INT8 speed-up "
-              f"bound {p['speedup_bound_if_matmuls_were_2x']:.2f}x at 2x faster kernels, "
-              f"{p['speedup_bound_if_matmuls_were_free']:.2f}x if they were free; the INT8 "
-              f"kernels ran {p['int8_matmul_kernel_speedup']:.2f}x faster")
+            print(f'profile {name}: {p[name]["total_ms"]:.2f} ms per run ({kinds})')
+        print(
+            f'float32 MatMul/Gemm/Conv share {p["float32_matmul_share"]:.0%}: INT8 speed-up '
+            f'bound {p["speedup_bound_if_matmuls_were_2x"]:.2f}x at 2x faster kernels, '
+            f'{p["speedup_bound_if_matmuls_were_free"]:.2f}x if they were free; the INT8 '
+            f'kernels ran {p["int8_matmul_kernel_speedup"]:.2f}x faster'
+        )
         print('INT8 ops onnxruntime runs:', p['int8']['runtime_ops'])
     for s in results['skipped']:
         print('skipped:', s)

@@ -6,6 +6,7 @@ One training step = forward of the backbone, a loss on all outputs, backward, Ad
 The two backbones are timed interleaved. RePa-Swin trains with its default channel-idle FFN
 (idle_ratio 0.75, BatchNorm); the target is at most 1.05x the time of mmdet's Swin.
 """
+
 import argparse
 import json
 
@@ -43,10 +44,15 @@ def step_fn(model, x):
 def main():
     args = parse_args()
     from mmdet.models.backbones import SwinTransformer
+
     arch = ARCH_SETTINGS[args.arch]
     torch.manual_seed(0)
-    swin = SwinTransformer(embed_dims=arch['embed_dims'], depths=arch['depths'],
-                           num_heads=arch['num_heads'], drop_path_rate=0.1)
+    swin = SwinTransformer(
+        embed_dims=arch['embed_dims'],
+        depths=arch['depths'],
+        num_heads=arch['num_heads'],
+        drop_path_rate=0.1,
+    )
     repa = RePaSwin(arch=args.arch, drop_path_rate=0.1)
     swin.train()
     repa.train()
@@ -54,20 +60,31 @@ def main():
     machine = machine_info()
     stats = time_interleaved(
         {'mmdet SwinTransformer': step_fn(swin, x), 'RePaSwin': step_fn(repa, x)},
-        repeat=args.repeat, warmup=args.warmup,
-        progress=lambda d, t: print(f'round {d}/{t}', flush=True))
+        repeat=args.repeat,
+        warmup=args.warmup,
+        progress=lambda d, t: print(f'round {d}/{t}', flush=True),
+    )
     finish(machine)
     ratio = stats['RePaSwin'].median / stats['mmdet SwinTransformer'].median
     for name, s in stats.items():
         print(f'{name:<24} {s.median:9.1f} ms/step (min {s.min:.1f}, max {s.max:.1f})')
-    print(f'RePaSwin / mmdet Swin training step: {ratio:.3f} (target <= 1.05), '
-          f'{args.arch}, batch {args.batch}, {args.shape[0]}x{args.shape[1]}, '
-          f'{torch.get_num_threads()} threads')
+    print(
+        f'RePaSwin / mmdet Swin training step: {ratio:.3f} (target <= 1.05), '
+        f'{args.arch}, batch {args.batch}, {args.shape[0]}x{args.shape[1]}, '
+        f'{torch.get_num_threads()} threads'
+    )
     if args.out:
         with open(args.out, 'w') as f:
-            json.dump(dict(vars(args), ratio=ratio,
-                           median_ms={k: v.median for k, v in stats.items()},
-                           machine=machine), f, indent=2)
+            json.dump(
+                dict(
+                    vars(args),
+                    ratio=ratio,
+                    median_ms={k: v.median for k, v in stats.items()},
+                    machine=machine,
+                ),
+                f,
+                indent=2,
+            )
 
 
 if __name__ == '__main__':

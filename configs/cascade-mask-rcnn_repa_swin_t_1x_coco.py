@@ -3,8 +3,10 @@
 # cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py with the Swin schedule in place of
 # schedule_1x.py.
 _base_ = [
-    'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
-    './_base_/schedules/swin_adamw_1x.py', 'mmdet::_base_/default_runtime.py'
+    'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_instance.py',
+    './_base_/schedules/swin_adamw_1x.py',
+    'mmdet::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
@@ -20,5 +22,7 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=True,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[96, 192, 384, 768]),
+)

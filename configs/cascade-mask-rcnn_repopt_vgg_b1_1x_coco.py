@@ -21,7 +21,8 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         frozen_stages=1,  # the stem and stage 1, as mmdet's ResNet configs
         norm_eval=True,  # 2 images per GPU: keep the ImageNet BatchNorm statistics
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[128, 256, 512, 2048]))
-optim_wrapper = dict(constructor='RepOptOptimWrapperConstructor',
-                     optimizer=dict(type='RepOptSGD'))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[128, 256, 512, 2048]),
+)
+optim_wrapper = dict(constructor='RepOptOptimWrapperConstructor', optimizer=dict(type='RepOptSGD'))

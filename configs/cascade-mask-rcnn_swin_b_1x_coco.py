@@ -4,5 +4,9 @@ _base_ = './cascade-mask-rcnn_repa_swin_b_1x_coco.py'
 pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_base_patch4_window7_224.pth'  # noqa
 model = dict(
     backbone=dict(
-        idle_ratio=0.0, ffn_norm='LN', norm_eval=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        idle_ratio=0.0,
+        ffn_norm='LN',
+        norm_eval=False,
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)

@@ -5,4 +5,5 @@ _base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/metaformer_i
 
 model = dict(
     backbone=dict(type='ConvFormer', arch='b36', drop_path_rate=0.6, out_norm_cfg=None),
-    head=dict(type='MetaFormerClsHead', in_channels=768, head_dropout=0.0))
+    head=dict(type='MetaFormerClsHead', in_channels=768, head_dropout=0.0),
+)

@@ -5,4 +5,5 @@ _base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/metaformer_i
 
 model = dict(
     backbone=dict(type='ConvFormer', arch='s36', drop_path_rate=0.3, out_norm_cfg=None),
-    head=dict(type='MetaFormerClsHead', in_channels=512, head_dropout=0.0))
+    head=dict(type='MetaFormerClsHead', in_channels=512, head_dropout=0.0),
+)

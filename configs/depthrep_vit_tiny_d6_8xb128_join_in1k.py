@@ -15,5 +15,5 @@ custom_hooks = [
 train_cfg = dict(max_epochs=48)
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=True, end=1, convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=1)
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=1),
 ]

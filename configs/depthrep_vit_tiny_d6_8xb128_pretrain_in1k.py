@@ -19,6 +19,8 @@ model = dict(
         img_size=224,
         out_type='avg',
         drop_path_rate=0.1,  # DeiT-Tiny's; the paper does not give one
-        join_lambda=0.0),
+        join_lambda=0.0,
+    ),
     neck=None,
-    head=dict(in_channels=192))
+    head=dict(in_channels=192),
+)

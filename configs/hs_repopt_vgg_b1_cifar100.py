@@ -14,10 +14,15 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 model = dict(
     type='ImageClassifier',
-    backbone=dict(type='RepOptVGG', arch='B1', mode='hs', out_indices=(3, )),
+    backbone=dict(type='RepOptVGG', arch='B1', mode='hs', out_indices=(3,)),
     neck=dict(type='GlobalAveragePooling'),
-    head=dict(type='LinearClsHead', num_classes=100, in_channels=2048,
-              loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original')))
+    head=dict(
+        type='LinearClsHead',
+        num_classes=100,
+        in_channels=2048,
+        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
+    ),
+)
 train_dataloader = dict(batch_size=256)
 val_dataloader = dict(batch_size=256)
 test_dataloader = val_dataloader
@@ -25,14 +30,18 @@ test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(type='SGD', lr=0.1, momentum=0.9, nesterov=True, weight_decay=4e-5),
     paramwise_cfg=dict(
-        norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0,
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        flat_decay_mult=0.0,
         # custom_keys win over flat_decay_mult: the identity scales decay like the kernels
-        custom_keys={'scale_identity': dict(decay_mult=1.0)}))
+        custom_keys={'scale_identity': dict(decay_mult=1.0)},
+    ),
+)
 # clipping at norm 5 (the official README's commands) is allowed here, in ordinary training:
 # optim_wrapper = dict(clip_grad=dict(max_norm=5.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=True, end=5, convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=0.0, by_epoch=True, begin=5)
+    dict(type='CosineAnnealingLR', eta_min=0.0, by_epoch=True, begin=5),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=240, val_interval=10)
 val_cfg = dict()

@@ -17,8 +17,10 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=False,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[64, 128, 320, 512]))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[64, 128, 320, 512]),
+)
 
 # AdamW lr 1e-4, wd 0.05 from the base; no decay on norms, scales and biases (timm's rule)
-optim_wrapper = dict(paramwise_cfg=dict(flat_decay_mult=0.))
+optim_wrapper = dict(paramwise_cfg=dict(flat_decay_mult=0.0))

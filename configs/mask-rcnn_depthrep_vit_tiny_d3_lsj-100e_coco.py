@@ -4,5 +4,7 @@ _base_ = './mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py'
 
 pretrained = 'work_dirs/depthrep_vit_tiny_d3_8xb128_join_in1k/epoch_48.pth'
 model = dict(
-    backbone=dict(depth=3, global_blocks=(2, ),
-                  init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+    backbone=dict(
+        depth=3, global_blocks=(2,), init_cfg=dict(type='Pretrained', checkpoint=pretrained)
+    )
+)

@@ -25,29 +25,38 @@ model = dict(
         img_size=224,
         with_cls_token=False,
         out_type='featmap',
-        out_indices=(-1, ),
+        out_indices=(-1,),
         window_size=14,
         global_blocks=(2, 5),
         join_lambda=1.0,  # the joined model: BranchJoinScheduleHook is not needed
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(_delete_=True, type='SimpleFPN', in_channels=192, out_channels=256, num_outs=5))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(_delete_=True, type='SimpleFPN', in_channels=192, out_channels=256, num_outs=5),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='RandomResize', scale=image_size, ratio_range=(0.1, 2.0), keep_ratio=True),
-    dict(type='RandomCrop', crop_type='absolute_range', crop_size=image_size,
-         recompute_bbox=True, allow_negative_crop=True),
+    dict(
+        type='RandomCrop',
+        crop_type='absolute_range',
+        crop_size=image_size,
+        recompute_bbox=True,
+        allow_negative_crop=True,
+    ),
     dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
     dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs')
+    dict(type='PackDetInputs'),
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=image_size, keep_ratio=True),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
+    dict(
+        type='PackDetInputs',
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'),
+    ),
 ]
 train_dataloader = dict(batch_size=8, dataset=dict(dataset=dict(pipeline=train_pipeline)))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
@@ -57,9 +66,11 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={'pos_embed': dict(decay_mult=0.0)}))
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0, bias_decay_mult=0.0, custom_keys={'pos_embed': dict(decay_mult=0.0)}
+    ),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=250),
-    dict(type='MultiStepLR', begin=0, end=25, by_epoch=True, milestones=[22, 24], gamma=0.1)
+    dict(type='MultiStepLR', begin=0, end=25, by_epoch=True, milestones=[22, 24], gamma=0.1),
 ]

@@ -6,8 +6,10 @@
 # From a PRepBN ImageNet checkpoint (already pure RepBN) instead: point init_cfg at it, set
 # norm_eval=True and keep lambda at 0 with dict(type='PRepBNScheduleHook', decay_iters=0).
 _base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
-    './_base_/schedules/swin_adamw_1x.py', 'mmdet::_base_/default_runtime.py'
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_instance.py',
+    './_base_/schedules/swin_adamw_1x.py',
+    'mmdet::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
@@ -22,8 +24,10 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=False,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[96, 192, 384, 768]),
+)
 
 custom_hooks = [
     # pure LayerNorm while the LR warms up (1000 iterations), then lambda decays linearly and

@@ -2,8 +2,10 @@
 # configs/swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py (AdamW, lr 1e-4, wd 0.05): mmdet's
 # mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py with the Swin schedule in place of schedule_1x.py.
 _base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
-    './_base_/schedules/swin_adamw_1x.py', 'mmdet::_base_/default_runtime.py'
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
+    'mmdet::_base_/datasets/coco_instance.py',
+    './_base_/schedules/swin_adamw_1x.py',
+    'mmdet::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
@@ -19,5 +21,7 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=True,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[96, 192, 384, 768]),
+)

@@ -4,9 +4,11 @@
 _base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/slab_adamw_in1k.py']
 
 model = dict(
-    backbone=dict(type='PRepBNSwin', arch='small', drop_path_rate=0.3,
-                  out_norm_cfg=dict(type='PRepBN')),  # SLAB's final norm is a PRepBN too
-    head=dict(in_channels=768))
+    backbone=dict(
+        type='PRepBNSwin', arch='small', drop_path_rate=0.3, out_norm_cfg=dict(type='PRepBN')
+    ),  # SLAB's final norm is a PRepBN too
+    head=dict(in_channels=768),
+)
 iters_per_epoch = 1251  # 1,281,167 images / 1024
 custom_hooks = [
     dict(type='PRepBNScheduleHook', warmup_iters=0, decay_iters=300000),

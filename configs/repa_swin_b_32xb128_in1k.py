@@ -6,12 +6,15 @@ _base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/repaformer_l
 
 lr, min_lr = 0.004, 2e-05
 model = dict(
-    backbone=dict(type='RePaSwin', arch='base', idle_ratio=0.75, ffn_norm='BN',
-                  drop_path_rate=0.08),
-    head=dict(in_channels=1024))
+    backbone=dict(
+        type='RePaSwin', arch='base', idle_ratio=0.75, ffn_norm='BN', drop_path_rate=0.08
+    ),
+    head=dict(in_channels=1024),
+)
 optim_wrapper = dict(optimizer=dict(lr=lr, weight_decay=0.1))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=min_lr, by_epoch=True, begin=20)
+    dict(
+        type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20, convert_to_iter_based=True
+    ),
+    dict(type='CosineAnnealingLR', eta_min=min_lr, by_epoch=True, begin=20),
 ]

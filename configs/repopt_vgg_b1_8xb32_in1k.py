@@ -9,9 +9,13 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 scales = 'checkpoints/RepOpt-VGG-B1-scales.pth'
 model = dict(
     type='ImageClassifier',
-    backbone=dict(type='RepOptVGG', arch='B1', mode='target', scales=scales,
-                  out_indices=(3, )),
+    backbone=dict(type='RepOptVGG', arch='B1', mode='target', scales=scales, out_indices=(3,)),
     neck=dict(type='GlobalAveragePooling'),
-    head=dict(type='LinearClsHead', num_classes=1000, in_channels=2048,
-              loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-              topk=(1, 5)))
+    head=dict(
+        type='LinearClsHead',
+        num_classes=1000,
+        in_channels=2048,
+        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
+        topk=(1, 5),
+    ),
+)

@@ -4,5 +4,4 @@
 _base_ = './repopt_vgg_b1_8xb32_in1k.py'
 
 model = dict(backbone=dict(mode='repvgg', scales=None))
-optim_wrapper = dict(constructor='DefaultOptimWrapperConstructor',
-                     optimizer=dict(type='SGD'))
+optim_wrapper = dict(constructor='DefaultOptimWrapperConstructor', optimizer=dict(type='SGD'))

@@ -8,4 +8,6 @@ model = dict(
         type='CAFormer',
         # windows = the 224-pretraining token grids: bounded memory at 800 x 1333
         window_size=(None, None, 14, 7),
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)

@@ -17,10 +17,12 @@ model = dict(
         out_indices=(1, 2, 3),
         norm_eval=False,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[128, 320, 512], start_level=0, num_outs=5))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[128, 320, 512], start_level=0, num_outs=5),
+)
 
 optim_wrapper = dict(
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999),
-                   weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0., flat_decay_mult=0.))
+    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg=dict(norm_decay_mult=0.0, flat_decay_mult=0.0),
+)

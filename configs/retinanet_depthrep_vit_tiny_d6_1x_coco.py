@@ -16,16 +16,26 @@ model = dict(
         img_size=224,
         with_cls_token=False,
         out_type='featmap',
-        out_indices=(-1, ),
+        out_indices=(-1,),
         window_size=14,
         global_blocks=(2, 5),
         join_lambda=1.0,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(_delete_=True, type='SimpleFPN', in_channels=192, out_channels=256, num_outs=5,
-              scale_factors=(2.0, 1.0, 0.5)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(
+        _delete_=True,
+        type='SimpleFPN',
+        in_channels=192,
+        out_channels=256,
+        num_outs=5,
+        scale_factors=(2.0, 1.0, 0.5),
+    ),
+)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={'pos_embed': dict(decay_mult=0.0)}))
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0, bias_decay_mult=0.0, custom_keys={'pos_embed': dict(decay_mult=0.0)}
+    ),
+)

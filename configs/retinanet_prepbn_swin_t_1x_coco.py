@@ -16,8 +16,10 @@ model = dict(
         out_indices=(1, 2, 3),  # only what the FPN uses
         norm_eval=False,  # the RepBN statistics are learned here
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5),
+)
 
 custom_hooks = [
     # pure LayerNorm during the 500-iteration LR warm-up, pure RepBN after 60 % of training

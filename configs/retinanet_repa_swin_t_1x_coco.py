@@ -16,7 +16,9 @@ model = dict(
         out_indices=(1, 2, 3),  # only what the FPN uses
         norm_eval=True,  # detection batches are too small to update BN statistics
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5),
+)
 
 optim_wrapper = dict(optimizer=dict(lr=0.01))

@@ -16,7 +16,8 @@ model = dict(
         out_indices=(1, 2, 3),  # only what the FPN uses
         frozen_stages=1,
         norm_eval=True,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
-    neck=dict(in_channels=[256, 512, 2048], start_level=0, num_outs=5))
-optim_wrapper = dict(constructor='RepOptOptimWrapperConstructor',
-                     optimizer=dict(type='RepOptSGD'))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
+    neck=dict(in_channels=[256, 512, 2048], start_level=0, num_outs=5),
+)
+optim_wrapper = dict(constructor='RepOptOptimWrapperConstructor', optimizer=dict(type='RepOptSGD'))

@@ -8,6 +8,8 @@ model = dict(
         attn_types='LLSS',
         linear_window_sizes=(56, 28, 14, 7),
         norm_eval=True,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)
 
 custom_hooks = [dict(type='PRepBNScheduleHook', warmup_iters=0, decay_iters=0)]

@@ -7,8 +7,8 @@
 _base_ = './prepbn_swin_s_8xb128_in1k.py'
 
 model = dict(
-    backbone=dict(attn_types='LLSS', linear_window_sizes=(56, 28, 14, 7),
-                  drop_path_rate=0.3))
+    backbone=dict(attn_types='LLSS', linear_window_sizes=(56, 28, 14, 7), drop_path_rate=0.3)
+)
 custom_hooks = [
     dict(type='PRepBNScheduleHook', warmup_iters=0, decay_iters=60000),
     dict(type='BNRecalibrationHook', num_batches=12510),

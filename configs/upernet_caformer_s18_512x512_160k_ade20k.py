@@ -8,4 +8,6 @@ model = dict(
         type='CAFormer',
         # global attention: 32 x 32 and 16 x 16 tokens at 512 x 512
         window_size=None,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)

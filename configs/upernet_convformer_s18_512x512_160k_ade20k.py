@@ -17,9 +17,11 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=False,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
     decode_head=dict(in_channels=[64, 128, 320, 512]),
-    auxiliary_head=dict(in_channels=320))
+    auxiliary_head=dict(in_channels=320),
+)
 
 # AdamW lr 6e-5, wd 0.01 from the base; no decay on norms, scales and biases (timm's rule)
-optim_wrapper = dict(paramwise_cfg=dict(flat_decay_mult=0.))
+optim_wrapper = dict(paramwise_cfg=dict(flat_decay_mult=0.0))

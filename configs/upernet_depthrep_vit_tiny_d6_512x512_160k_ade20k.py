@@ -17,12 +17,14 @@ model = dict(
         img_size=224,
         with_cls_token=False,
         out_type='featmap',
-        out_indices=(-1, ),
+        out_indices=(-1,),
         window_size=14,
         global_blocks=(2, 5),
         drop_path_rate=0.1,
         join_lambda=1.0,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
     neck=dict(_delete_=True, type='SimpleFPN', in_channels=192, out_channels=256, num_outs=4),
     decode_head=dict(in_channels=[256, 256, 256, 256], in_index=[0, 1, 2, 3]),
-    auxiliary_head=dict(in_channels=256, in_index=2))
+    auxiliary_head=dict(in_channels=256, in_index=2),
+)

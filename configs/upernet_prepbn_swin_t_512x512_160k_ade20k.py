@@ -17,7 +17,9 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=False,
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)
 
 custom_hooks = [
     dict(type='PRepBNScheduleHook', warmup_iters=1500, decay_ratio=0.6),

@@ -8,4 +8,6 @@ model = dict(
     backbone=dict(
         idle_ratio=0.75,
         norm_eval=True,  # detection / segmentation batches are too small for BN statistics
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)

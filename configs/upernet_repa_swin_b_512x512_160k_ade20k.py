@@ -3,4 +3,5 @@ pretrained = 'checkpoints/repa_swin_base_in1k.pth'
 model = dict(
     backbone=dict(arch='base', init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     decode_head=dict(in_channels=[128, 256, 512, 1024]),
-    auxiliary_head=dict(in_channels=512))
+    auxiliary_head=dict(in_channels=512),
+)

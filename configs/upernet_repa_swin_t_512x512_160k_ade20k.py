@@ -15,4 +15,6 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         norm_eval=True,  # 2 images per GPU: keep the ImageNet BN statistics
         with_cp=False,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)))
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    )
+)

@@ -3,8 +3,10 @@
 # constants (see cascade-mask-rcnn_repopt_vgg_b1_1x_coco.py for both choices and how to switch
 # to plain SGD).
 _base_ = [
-    'mmseg::_base_/models/upernet_r50.py', 'mmseg::_base_/datasets/cityscapes.py',
-    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_40k.py'
+    'mmseg::_base_/models/upernet_r50.py',
+    'mmseg::_base_/datasets/cityscapes.py',
+    'mmseg::_base_/default_runtime.py',
+    'mmseg::_base_/schedules/schedule_40k.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
@@ -23,8 +25,9 @@ model = dict(
         scales=scales,
         out_indices=(0, 1, 2, 3),
         norm_eval=False,  # 8 x 2 crops of 512 x 1024 with SyncBN: mmseg's ResNet recipe
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained),
+    ),
     decode_head=dict(in_channels=[128, 256, 512, 2048], num_classes=19, norm_cfg=norm_cfg),
-    auxiliary_head=dict(in_channels=512, num_classes=19, norm_cfg=norm_cfg))
-optim_wrapper = dict(constructor='RepOptOptimWrapperConstructor',
-                     optimizer=dict(type='RepOptSGD'))
+    auxiliary_head=dict(in_channels=512, num_classes=19, norm_cfg=norm_cfg),
+)
+optim_wrapper = dict(constructor='RepOptOptimWrapperConstructor', optimizer=dict(type='RepOptSGD'))

@@ -5,6 +5,7 @@
 The build is strict (warnings are errors, unresolved references too), so a broken link between
 pages or to a heading fails it. tests/test_docs.py runs the same build.
 """
+
 import os.path as osp
 import re
 

@@ -1,4 +1,5 @@
 """Building a model from any mmrepa config, for the tools (mmdet and mmseg configs alike)."""
+
 import argparse
 import contextlib
 import copy
@@ -20,15 +21,20 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
-from .config_checks import check_checkpoint_fit, check_types
 from .errors import ConfigError, MMRepaError
 from .fold import reparameterize
+from .integrations.cli.config_checks import check_checkpoint_fit, check_types
 
 
 def _mmrepa_types() -> set:
     from mmengine.registry import HOOKS, MODELS
-    return {name for registry in (MODELS, HOOKS) for name, cls in registry.module_dict.items()
-            if cls.__module__.startswith('mmrepa.')}
+
+    return {
+        name
+        for registry in (MODELS, HOOKS)
+        for name, cls in registry.module_dict.items()
+        if cls.__module__.startswith('mmrepa.')
+    }
 
 
 def _types_in(node) -> Iterator[str]:
@@ -57,7 +63,8 @@ def check_custom_imports(cfg: Config) -> None:
         raise ConfigError(
             f'config {cfg.filename} uses {", ".join(used)} from mmrepa but does not import '
             "mmrepa: add custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False) "
-            'to it (mmdet and mmseg tools need it to find these modules).')
+            'to it (mmdet and mmseg tools need it to find these modules).'
+        )
 
 
 def check_classifier(cfg: Config) -> None:
@@ -67,18 +74,24 @@ def check_classifier(cfg: Config) -> None:
     model = cfg.get('model') or {}
     backbone, neck = model.get('backbone') or {}, model.get('neck') or {}
     out_indices = backbone.get('out_indices')
-    if (model.get('type') == 'ImageClassifier' and neck.get('type') == 'GlobalAveragePooling'
-            and out_indices is not None and len(out_indices) != 1):
+    if (
+        model.get('type') == 'ImageClassifier'
+        and neck.get('type') == 'GlobalAveragePooling'
+        and out_indices is not None
+        and len(out_indices) != 1
+    ):
         raise ConfigError(
             f'config {cfg.filename}: model.backbone.out_indices={tuple(out_indices)} gives '
-            f'{len(out_indices)} feature maps, but the classifier\'s GlobalAveragePooling neck '
-            'and head use one (the last stage\'s): set out_indices=(3, ) (or the index of the '
-            'stage to classify from).')
+            f"{len(out_indices)} feature maps, but the classifier's GlobalAveragePooling neck "
+            "and head use one (the last stage's): set out_indices=(3, ) (or the index of the "
+            'stage to classify from).'
+        )
 
 
 def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
     """``Config.fromfile`` + ``--cfg-options`` + :func:`check_custom_imports`,
-    :func:`check_classifier` and :func:`mmrepa.config_checks.check_types` (every model type
+    :func:`check_classifier` and
+    :func:`mmrepa.integrations.cli.config_checks.check_types` (every model type
     registered, else "did you mean")."""
     cfg = Config.fromfile(config)
     if cfg_options:
@@ -95,21 +108,39 @@ def tool_argument_parser(description: str, distributed: bool = True) -> argparse
     ``--launcher`` and ``--local_rank``. Apply them with :func:`tool_config`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument('config', help='config file')
-    parser.add_argument('--work-dir', help='where logs (and checkpoints) go; default: the '
-                        "config's work_dir, else ./work_dirs/CONFIG_NAME")
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, e.g. model.backbone.idle_ratio=0.5 '
-                        'train_dataloader.batch_size=8')
-    parser.add_argument('--data-root', metavar='DIR',
-                        help='use the data in DIR: COCO-format annotations (mmdet), ADE20K\'s '
-                        'layout (mmseg), a folder per class (mmpretrain); the classes come from '
-                        'the data and every head\'s num_classes follows (see mmrepa/own_data.py)')
-    parser.add_argument('--classes', type=lambda s: s.split(','), metavar='A,B,C',
-                        help='with --data-root: the class names of segmentation label maps '
-                        '(else DIR/classes.txt); for COCO data, the categories to keep')
+    parser.add_argument(
+        '--work-dir',
+        help='where logs (and checkpoints) go; default: the '
+        "config's work_dir, else ./work_dirs/CONFIG_NAME",
+    )
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config entries, e.g. model.backbone.idle_ratio=0.5 '
+        'train_dataloader.batch_size=8',
+    )
+    parser.add_argument(
+        '--data-root',
+        metavar='DIR',
+        help="use the data in DIR: COCO-format annotations (mmdet), ADE20K's "
+        'layout (mmseg), a folder per class (mmpretrain); the classes come from '
+        "the data and every head's num_classes follows (see mmrepa/integrations/cli/own_data.py)",
+    )
+    parser.add_argument(
+        '--classes',
+        type=lambda s: s.split(','),
+        metavar='A,B,C',
+        help='with --data-root: the class names of segmentation label maps '
+        '(else DIR/classes.txt); for COCO data, the categories to keep',
+    )
     if distributed:
-        parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                            default='none', help='job launcher for distributed runs')
+        parser.add_argument(
+            '--launcher',
+            choices=['none', 'pytorch', 'slurm', 'mpi'],
+            default='none',
+            help='job launcher for distributed runs',
+        )
         # torch.distributed.launch passes --local-rank (older: --local_rank)
         parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     return parser
@@ -119,16 +150,21 @@ def tool_config(args: argparse.Namespace) -> Config:
     """The config of :func:`tool_argument_parser`'s arguments: :func:`load_config` with
     ``--cfg-options``, ``work_dir`` (``--work-dir``, else the config's, else
     ``./work_dirs/CONFIG_NAME``), ``launcher`` and, after ``--cfg-options``, ``--data-root``
-    (:func:`mmrepa.own_data.use_own_data`). Builds nothing and starts no process group
+    (:func:`mmrepa.integrations.cli.own_data.use_own_data`). Builds nothing and starts no
+    process group
     (call :func:`setup_cpu_distributed` when the tool is ready to)."""
     cfg = load_config(args.config, args.cfg_options)
     if getattr(args, 'data_root', None):
-        from .own_data import use_own_data
+        from .integrations.cli.own_data import use_own_data
+
         print(use_own_data(cfg, args.data_root, args.classes), flush=True)
     elif getattr(args, 'classes', None):
         raise ConfigError('--classes goes with --data-root')
-    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
-        './work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg.work_dir = (
+        args.work_dir
+        or cfg.get('work_dir')
+        or osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    )
     if hasattr(args, 'launcher'):
         cfg.launcher = args.launcher
         os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
@@ -138,7 +174,7 @@ def tool_config(args: argparse.Namespace) -> Config:
 def tool_message(tool: str, err: BaseException) -> str:
     """``err``'s message as a tool prints it: ``TOOL: message`` (not twice if the message
     already starts with it: the checks that take the tool's name, such as
-    :func:`mmrepa.tool_inputs.check_inputs`, put it there)."""
+    :func:`mmrepa.integrations.cli.inputs.check_inputs`, put it there)."""
     message = str(err) or type(err).__name__
     return message if message.startswith(f'{tool}: ') else f'{tool}: {message}'
 
@@ -168,7 +204,8 @@ def _slurm_to_torch_env() -> None:
     os.environ.setdefault('MASTER_PORT', '29500')
     if 'MASTER_ADDR' not in os.environ:
         os.environ['MASTER_ADDR'] = subprocess.getoutput(
-            f"scontrol show hostname {os.environ['SLURM_NODELIST']} | head -n1")
+            f'scontrol show hostname {os.environ["SLURM_NODELIST"]} | head -n1'
+        )
 
 
 def setup_cpu_distributed(cfg: Config) -> None:
@@ -182,13 +219,17 @@ def setup_cpu_distributed(cfg: Config) -> None:
     if launcher not in ('pytorch', 'slurm') or torch.cuda.is_available():
         return
     import torch.distributed as dist
+
     if not dist.is_initialized():
         if launcher == 'slurm':
             _slurm_to_torch_env()
         backend = cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend', 'gloo')
         dist.init_process_group(backend='gloo' if backend == 'nccl' else backend)
-    wrapper = dict(type='MMDistributedDataParallel', broadcast_buffers=False,
-                   find_unused_parameters=cfg.get('find_unused_parameters', False))
+    wrapper = dict(
+        type='MMDistributedDataParallel',
+        broadcast_buffers=False,
+        find_unused_parameters=cfg.get('find_unused_parameters', False),
+    )
     wrapper.update(cfg.get('model_wrapper_cfg') or {})
     wrapper['device_ids'] = None
     cfg.model_wrapper_cfg = wrapper
@@ -229,8 +270,9 @@ def _random_palette(n: int) -> list:
     return [tuple(int(c) for c in rng.integers(0, 256, 3)) for _ in range(n)]
 
 
-def _dataset_meta(cfg: Config, registry, checkpoint: Optional[dict],
-                  checkpoint_path: Optional[str]) -> dict:
+def _dataset_meta(
+    cfg: Config, registry, checkpoint: Optional[dict], checkpoint_path: Optional[str]
+) -> dict:
     """``model.dataset_meta`` for mmdet's and mmseg's inference and visualizers: the
     checkpoint's ``meta['dataset_meta']`` (what the runner saved from the training set), else
     the config's test data set, else class names made from the head's ``num_classes``. A
@@ -255,19 +297,25 @@ def _dataset_meta(cfg: Config, registry, checkpoint: Optional[dict],
             found = dict(classes=tuple(f'class_{i}' for i in range(n)))
             source = f'class_0 .. class_{n - 1} (the head has {n} classes)'
         if checkpoint_path:  # no warning for random weights (benchmarks, FLOP counts)
-            warnings.warn(f'checkpoint {checkpoint_path} has no dataset_meta (class names) in '
-                          f'its meta; using {source}', stacklevel=3)
+            warnings.warn(
+                f'checkpoint {checkpoint_path} has no dataset_meta (class names) in '
+                f'its meta; using {source}',
+                stacklevel=3,
+            )
     classes = list(found['classes'])
     predicted = _num_classes(cfg)
     if predicted and predicted != len(classes):
-        warnings.warn(f'dataset_meta names {len(classes)} classes but the model predicts '
-                      f'{predicted}: labels will be drawn with the wrong names', stacklevel=3)
+        warnings.warn(
+            f'dataset_meta names {len(classes)} classes but the model predicts '
+            f'{predicted}: labels will be drawn with the wrong names',
+            stacklevel=3,
+        )
     palette = found.get('palette')
     if not isinstance(palette, (list, tuple)) or len(palette) < len(classes):
         palette = from_config.get('palette')
         if palette is None or tuple(from_config.get('classes') or ()) != tuple(classes):
             palette = _random_palette(len(classes))
-    found['palette'] = [tuple(c) for c in palette[:len(classes)]]
+    found['palette'] = [tuple(c) for c in palette[: len(classes)]]
     return found
 
 
@@ -284,9 +332,13 @@ def build_model(cfg: Config) -> nn.Module:
     return revert_sync_batchnorm(registry.MODELS.build(model_cfg))
 
 
-def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
-               device: Union[str, torch.device] = 'cpu',
-               cfg_options: Optional[dict] = None, reparam: bool = False) -> nn.Module:
+def init_model(
+    config: Union[str, Config],
+    checkpoint: Optional[str] = None,
+    device: Union[str, torch.device] = 'cpu',
+    cfg_options: Optional[dict] = None,
+    reparam: bool = False,
+) -> nn.Module:
     """Build the config's model in its default scope, load ``checkpoint``, eval mode; with
     ``reparam=True`` fold it (:func:`mmrepa.reparameterize`).
 
@@ -305,7 +357,7 @@ def init_model(config: Union[str, Config], checkpoint: Optional[str] = None,
         if cfg_options:
             cfg.merge_from_dict(cfg_options)
     model = build_model(cfg)
-    registry = importlib.import_module(f"{cfg.get('default_scope', 'mmengine')}.registry")
+    registry = importlib.import_module(f'{cfg.get("default_scope", "mmengine")}.registry')
     loaded = None
     if checkpoint:
         if isinstance(getattr(model, 'backbone', None), nn.Module) and osp.isfile(checkpoint):
@@ -337,13 +389,21 @@ def pipeline_batch(cfg: Config, shape) -> dict:
     """A batch of one random ``shape`` (H, W) image through the config's test pipeline (its
     annotation loading left out), as the test dataloader would give it. A pipeline that loads
     no file (CIFAR: the data set holds the arrays) gets the image array itself."""
-    steps = [t for t in cfg.test_dataloader.dataset.pipeline
-             if not t['type'].startswith('LoadAnnotations')]
+    steps = [
+        t
+        for t in cfg.test_dataloader.dataset.pipeline
+        if not t['type'].startswith('LoadAnnotations')
+    ]
     image = np.random.default_rng(0).integers(0, 256, size=(*shape, 3), dtype=np.uint8)
     results = dict(img_id=0, seg_fields=[], reduce_zero_label=False)
     if not any(t['type'].startswith('LoadImage') for t in steps):
-        return pseudo_collate([Compose(steps)(dict(
-            results, img=image, img_shape=tuple(shape), ori_shape=tuple(shape)))])
+        return pseudo_collate(
+            [
+                Compose(steps)(
+                    dict(results, img=image, img_shape=tuple(shape), ori_shape=tuple(shape))
+                )
+            ]
+        )
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, 'image.png')
         mmcv.imwrite(image, path)

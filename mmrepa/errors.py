@@ -6,7 +6,7 @@ output path or command-line value a tool cannot use, a missing optional package 
 :class:`MMRepaError` whose message names the file, option or key and says what to do. A tool
 prints any of them as one line, ``tools/X.py: message``, and exits with status 1
 (:func:`mmrepa.apis.one_line_errors`); ``import mmrepa`` does the same for mmdet's, mmseg's and
-mmpretrain's own tools (:func:`mmrepa.config_checks.install_excepthook`).
+mmpretrain's own tools (:func:`mmrepa.integrations.cli.config_checks.install_excepthook`).
 
 Library code raises these and never ``SystemExit``: turning an error into an exit status is the
 tools' business. Each class also derives from the built-in exception the same mistake raised
@@ -53,8 +53,16 @@ class InputError(MMRepaError, ValueError):
 
 class DependencyError(MMRepaError, ImportError):
     """An optional package the chosen options need is not installed (the message says how to
-    install it; :func:`mmrepa.utils.optional.require`)."""
+    install it; :func:`mmrepa.integrations.optional.require`)."""
 
 
-__all__ = ['MMRepaError', 'ConfigError', 'ConfigTypeError', 'CheckpointError',
-           'MissingKeysError', 'FoldError', 'InputError', 'DependencyError']
+__all__ = [
+    'MMRepaError',
+    'ConfigError',
+    'ConfigTypeError',
+    'CheckpointError',
+    'MissingKeysError',
+    'FoldError',
+    'InputError',
+    'DependencyError',
+]

@@ -6,6 +6,7 @@ generic names that another plugin may register too: they live in this ``mmrepa``
 registry, reached from any scope as ``'mmrepa.PRepBN'``. Inside mmrepa's own configs the plain
 name works too: :func:`build_norm_layer` and :func:`build_activation_layer` look here first.
 """
+
 import copy
 from typing import Tuple
 
@@ -24,7 +25,7 @@ def resolve_layer_type(cfg: dict) -> dict:
     cfg = copy.copy(cfg)
     layer_type = cfg.get('type')
     if isinstance(layer_type, str):
-        name = layer_type[len('mmrepa.'):] if layer_type.startswith('mmrepa.') else layer_type
+        name = layer_type[len('mmrepa.') :] if layer_type.startswith('mmrepa.') else layer_type
         cls = MODELS.get(name) if name in MODELS.module_dict else None
         if cls is not None:
             cfg['type'] = cls

@@ -33,8 +33,11 @@ def shapes_cfg_options(data: str) -> list:
     ``data`` (ending in '/'), without worker processes; an untrained detector still detects."""
     options = []
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        options += [f'{loader}.dataset.data_root={data}', f'{loader}.num_workers=0',
-                    f'{loader}.persistent_workers=False']
+        options += [
+            f'{loader}.dataset.data_root={data}',
+            f'{loader}.num_workers=0',
+            f'{loader}.persistent_workers=False',
+        ]
     for ev in ('val_evaluator', 'test_evaluator'):
         options.append(f'{ev}.ann_file={data}annotations/val.json')
     options.append('model.test_cfg.score_thr=0.0')
@@ -49,10 +52,19 @@ def max_abs_diff(a, b) -> float:
 
 # The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
 # file handed out last keeps one worker busy while the other has nothing left to do.
-LONGEST_FIRST = ('test_configs.py', 'test_tools.py', 'test_distributed.py', 'test_mmdeploy.py',
-                 'test_demo_smoke.py', 'test_runner.py', 'test_downstream_tools.py',
-                 'test_depth_rep_vit.py', 'test_pretrain_handoff.py', 'test_quantize.py',
-                 'test_inference.py')
+LONGEST_FIRST = (
+    'test_configs.py',
+    'test_tools.py',
+    'test_distributed.py',
+    'test_mmdeploy.py',
+    'test_demo_smoke.py',
+    'test_runner.py',
+    'test_downstream_tools.py',
+    'test_depth_rep_vit.py',
+    'test_pretrain_handoff.py',
+    'test_quantize.py',
+    'test_inference.py',
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -1,4 +1,5 @@
 """A hook for the distributed tests: every rank saves its own copy of the weights and buffers."""
+
 import os.path as osp
 
 import torch
@@ -9,7 +10,6 @@ from mmengine.registry import HOOKS
 
 @HOOKS.register_module()
 class SaveRankWeightsHook(Hook):
-
     def after_train(self, runner):
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         # buffers too: BatchNorm statistics are not synchronized by DDP's gradient reduction

@@ -1,6 +1,7 @@
 """What every mmrepa backbone promises, checked on each family: gradient checkpointing changes
 neither gradients nor BatchNorm statistics, folding keeps frozen stages frozen, refuses training
 mode and adds no parameter that is zero by construction."""
+
 import copy
 
 import pytest
@@ -16,38 +17,50 @@ from .conftest import TINY_ARCH, randomize_
 META = dict(depths=(1, 1, 2, 1), dims=(16, 32, 48, 64))
 BACKBONES = {
     'repa_swin': lambda **kw: RePaSwin(TINY_ARCH, window_size=3, **kw),
-    'repa_swin_bn_norms': lambda **kw: RePaSwin(TINY_ARCH, window_size=3,
-                                                norm_cfg=dict(type='BN1d'), **kw),
-    'swin_ln': lambda **kw: RePaSwin(TINY_ARCH, window_size=3, idle_ratio=0, ffn_norm='LN',
-                                     **kw),
+    'repa_swin_bn_norms': lambda **kw: RePaSwin(
+        TINY_ARCH, window_size=3, norm_cfg=dict(type='BN1d'), **kw
+    ),
+    'swin_ln': lambda **kw: RePaSwin(TINY_ARCH, window_size=3, idle_ratio=0, ffn_norm='LN', **kw),
     'prepbn_swin': lambda **kw: PRepBNSwin(TINY_ARCH, window_size=3, idle_ratio=0.5, **kw),
-    'slab_swin': lambda **kw: PRepBNSwin(TINY_ARCH, window_size=3, attn_types='LLSS',
-                                         linear_window_sizes=4, **kw),
+    'slab_swin': lambda **kw: PRepBNSwin(
+        TINY_ARCH, window_size=3, attn_types='LLSS', linear_window_sizes=4, **kw
+    ),
     'convformer': lambda **kw: ConvFormer(META, **kw),
     'repa_convformer': lambda **kw: ConvFormer(META, idle_ratio=0.5, **kw),
     'caformer': lambda **kw: CAFormer(META, head_dim=16, window_size=(None, None, 2, 2), **kw),
-    'repa_caformer': lambda **kw: CAFormer(META, head_dim=16, idle_ratio=0.75,
-                                           window_size=(None, None, 2, 2), **kw),
+    'repa_caformer': lambda **kw: CAFormer(
+        META, head_dim=16, idle_ratio=0.75, window_size=(None, None, 2, 2), **kw
+    ),
     # λ = 1: the joining finished, so that it folds
     'depth_rep_vit': lambda **kw: DepthRepViT(
-        dict(embed_dims=16, num_layers=6, num_heads=2), num_branches=2, img_size=32,
-        with_cls_token=False, out_type='featmap', window_size=2, global_blocks=(1, ),
-        out_indices=(0, 2), join_lambda=1.0, **kw),
+        dict(embed_dims=16, num_layers=6, num_heads=2),
+        num_branches=2,
+        img_size=32,
+        with_cls_token=False,
+        out_type='featmap',
+        window_size=2,
+        global_blocks=(1,),
+        out_indices=(0, 2),
+        join_lambda=1.0,
+        **kw,
+    ),
 }
 IMAGE = (2, 3, 45, 61)  # no side a multiple of a window or of 32
 
 
 def _statistics(model):
-    return {name: torch.cat([m.running_mean, m.running_var,
-                             m.num_batches_tracked.double().view(1)])
-            for name, m in model.named_modules() if isinstance(m, _BatchNorm)}
+    return {
+        name: torch.cat([m.running_mean, m.running_var, m.num_batches_tracked.double().view(1)])
+        for name, m in model.named_modules()
+        if isinstance(m, _BatchNorm)
+    }
 
 
 @pytest.mark.parametrize('name', BACKBONES)
 def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics(name):
     torch.manual_seed(0)
-    plain = BACKBONES[name](drop_path_rate=0.).train()
-    checkpointed = BACKBONES[name](drop_path_rate=0., with_cp=True).train()
+    plain = BACKBONES[name](drop_path_rate=0.0).train()
+    checkpointed = BACKBONES[name](drop_path_rate=0.0, with_cp=True).train()
     checkpointed.load_state_dict(plain.state_dict())
     x = torch.randn(IMAGE)
     for model in (plain, checkpointed):
@@ -64,19 +77,19 @@ def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics(name):
 
 
 def _trainable(model, prefixes):
-    return [k for k, p in model.named_parameters()
-            if p.requires_grad and k.startswith(prefixes)]
+    return [k for k, p in model.named_parameters() if p.requires_grad and k.startswith(prefixes)]
 
 
-@pytest.mark.parametrize('name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer',
-                                  'depth_rep_vit'])
+@pytest.mark.parametrize(
+    'name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer', 'depth_rep_vit']
+)
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
 @pytest.mark.parametrize('how', ['switch_to_deploy', 'fold_model'])
 def test_folding_keeps_frozen_stages_frozen(name, frozen_stages, how):
     """Checked right after the fold: a train() or eval() call in between would freeze the
     folded layers' new parameters itself and hide a fold that does not."""
     model = BACKBONES[name](frozen_stages=frozen_stages)
-    stem = (model.stem_name + '.', )
+    stem = (model.stem_name + '.',)
     frozen = stem + tuple(f'stages.{i}.' for i in range(frozen_stages))
     frozen += tuple(f'norm{i}.' for i in range(frozen_stages))
     free = tuple(f'stages.{i}.' for i in range(frozen_stages, model.num_stages))
@@ -88,8 +101,7 @@ def test_folding_keeps_frozen_stages_frozen(name, frozen_stages, how):
             fold_model(model, logger=None)
         assert not _trainable(model, frozen), f'{state}: frozen parameters are trainable'
         assert _trainable(model, free), f'{state}: the stages after the frozen ones are frozen'
-        assert all(not m.training for k, m in model.named_modules()
-                   if k.startswith(frozen) and k)
+        assert all(not m.training for k, m in model.named_modules() if k.startswith(frozen) and k)
     model.train()
     assert not _trainable(model, frozen)
 
@@ -125,8 +137,9 @@ def test_folding_adds_no_parameter_that_is_zero_by_construction(name):
         assert ((r - o).abs().max() / r.abs().max()).item() < 1e-10
     # deploy=True builds exactly the parameters the fold left
     deployed = BACKBONES[name](deploy=True).double()
-    assert {k: v.shape for k, v in deployed.state_dict().items()} == \
-        {k: v.shape for k, v in model.state_dict().items()}
+    assert {k: v.shape for k, v in deployed.state_dict().items()} == {
+        k: v.shape for k, v in model.state_dict().items()
+    }
 
 
 def test_published_caformer_fold_adds_only_the_starrelu_bias_vector():
@@ -166,14 +179,18 @@ def test_shifted_windows_attend_within_the_shifted_grid(hw):
             y = x.clone().view(H, W, C)
             y[i, j] += 1.0
             changed = (attn(y.view(1, H * W, C), hw, mask).view(H, W, C) - ref).abs().amax(-1)
-            expected = torch.tensor([[group(a) == group(i) and group(b) == group(j)
-                                      for b in range(W)] for a in range(H)])
+            expected = torch.tensor(
+                [
+                    [group(a) == group(i) and group(b) == group(j) for b in range(W)]
+                    for a in range(H)
+                ]
+            )
             assert torch.equal(changed > 1e-12, expected), (i, j)
 
 
 def test_frozen_stages_zero_freezes_the_stem_only():
     model = RePaSwin(TINY_ARCH, frozen_stages=0).train()
-    assert not _trainable(model, ('patch_embed.', ))
+    assert not _trainable(model, ('patch_embed.',))
     assert not model.patch_embed.training
-    assert _trainable(model, ('stages.0.', )) and model.stages[0].training
+    assert _trainable(model, ('stages.0.',)) and model.stages[0].training
     copy.deepcopy(model)  # a frozen model stays copyable (the hook deep-copies it)

@@ -1,5 +1,6 @@
 """Bad checkpoints given to the tools: each stops with one line naming the file or key and the
 fix, and writes nothing."""
+
 import argparse
 import importlib.util
 import os
@@ -30,13 +31,15 @@ def files(tmp_path_factory):
     good = str(root / 'good.pth')
     torch.save(dict(state_dict=init_model(DEMO).state_dict()), good)
     data = open(good, 'rb').read()
-    other_arch = init_model(DEMO, cfg_options={'model.backbone.arch.embed_dims': 16,
-                                               'model.neck.in_channels': [32, 64, 128]})
+    other_arch = init_model(
+        DEMO,
+        cfg_options={'model.backbone.arch.embed_dims': 16, 'model.neck.in_channels': [32, 64, 128]},
+    )
     hostile = argparse.ArgumentParser  # a foreign class outside the allow-list
     made = dict(
         missing=str(root / 'missing.pth'),
-        truncated=(data[:len(data) // 3], ),
-        text=(b'a text file, not weights\n', ),
+        truncated=(data[: len(data) // 3],),
+        text=(b'a text file, not weights\n',),
         other_arch=dict(state_dict=other_arch.state_dict()),
         foreign_class=dict(state_dict=init_model(DEMO).state_dict(), parser=hostile),
     )
@@ -59,9 +62,9 @@ EXPECTED = {
     'truncated': r'truncated\.pth is not a readable PyTorch checkpoint',
     'text': r'text\.pth is not a readable PyTorch checkpoint',
     'other_arch': r'does not fit this model: .*has shape .* in the checkpoint but .* in the '
-                  r'model\. Is it a checkpoint of another arch',
+    r'model\. Is it a checkpoint of another arch',
     'foreign_class': r'foreign_class\.pth contains argparse\.ArgumentParser, which mmrepa does '
-                     r'not load',
+    r'not load',
     'folded_into_unfolded': r'the checkpoint holds folded weights .*Build it with deploy=True',
 }
 
@@ -85,10 +88,21 @@ def test_test_tool_refuses_an_unreadable_checkpoint_before_writing_anything(file
     (tmp_path / 'annotations' / 'val.json').write_text('{}')  # the data exist, the weights not
     work = str(tmp_path / 'work')
     proc = subprocess.run(
-        [sys.executable, 'tools/test.py', DEMO, paths['truncated'], '--work-dir', work,
-         '--cfg-options', f'test_dataloader.dataset.data_root={tmp_path}/',
-         f'test_evaluator.ann_file={tmp_path}/annotations/val.json'],
-        cwd=ROOT, capture_output=True, text=True)
+        [
+            sys.executable,
+            'tools/test.py',
+            DEMO,
+            paths['truncated'],
+            '--work-dir',
+            work,
+            '--cfg-options',
+            f'test_dataloader.dataset.data_root={tmp_path}/',
+            f'test_evaluator.ann_file={tmp_path}/annotations/val.json',
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
     assert 'truncated.pth is not a readable PyTorch checkpoint' in proc.stderr
     assert not osp.exists(work)

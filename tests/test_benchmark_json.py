@@ -1,5 +1,6 @@
 """Every measured number says where it was measured: the ``machine`` block (CPU model, vector
 extensions, threads, load) of mmrepa.utils.machine in the benchmarks' JSON."""
+
 import glob
 import json
 import os
@@ -69,16 +70,39 @@ def test_machine_info_reads_this_machine():
 
 
 def test_vector_extensions_name_every_simd_subset_and_nothing_else():
-    sapphire_rapids = ('fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c smep avx2 avx512f avx512dq '
-                       'avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni avx_vnni amx_bf16 '
-                       'amx_tile amx_int8 sha_ni')
+    sapphire_rapids = (
+        'fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c smep avx2 avx512f avx512dq '
+        'avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni avx_vnni amx_bf16 '
+        'amx_tile amx_int8 sha_ni'
+    )
     assert vector_extensions({'flags': sapphire_rapids}) == [
-        'fma', 'sse4_1', 'sse4_2', 'avx', 'f16c', 'avx2', 'avx512f', 'avx512dq', 'avx512cd',
-        'avx512bw', 'avx512vl', 'avx512_bf16', 'avx512_vnni', 'avx_vnni', 'amx_bf16', 'amx_tile',
-        'amx_int8']
+        'fma',
+        'sse4_1',
+        'sse4_2',
+        'avx',
+        'f16c',
+        'avx2',
+        'avx512f',
+        'avx512dq',
+        'avx512cd',
+        'avx512bw',
+        'avx512vl',
+        'avx512_bf16',
+        'avx512_vnni',
+        'avx_vnni',
+        'amx_bf16',
+        'amx_tile',
+        'amx_int8',
+    ]
     graviton3 = 'fp asimd aes sha2 asimddp sve i8mm bf16 svebf16 paca'
-    assert vector_extensions({'Features': graviton3}) == ['asimd', 'asimddp', 'sve', 'i8mm',
-                                                          'bf16', 'svebf16']
+    assert vector_extensions({'Features': graviton3}) == [
+        'asimd',
+        'asimddp',
+        'sve',
+        'i8mm',
+        'bf16',
+        'svebf16',
+    ]
     assert vector_extensions({}) == []
 
 
@@ -96,8 +120,23 @@ def test_benchmark_tool_writes_the_machine(tmp_path, monkeypatch):
     # the tool as it runs, on a model built here (building one from a config imports mmpretrain)
     monkeypatch.setattr(benchmark, 'init_model', lambda *args: Tiny().eval())
     out = tmp_path / 'result.json'
-    benchmark.main(['tiny.py', '--shape', '16', '16', '--backbone-only', '--repeat', '1',
-                    '--warmup', '0', '--device', 'cpu', '--out', str(out)])
+    benchmark.main(
+        [
+            'tiny.py',
+            '--shape',
+            '16',
+            '16',
+            '--backbone-only',
+            '--repeat',
+            '1',
+            '--warmup',
+            '0',
+            '--device',
+            'cpu',
+            '--out',
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     machine = result['machine']
     check_machine(machine)

@@ -1,5 +1,6 @@
 """tools/benchmark.py under the precision and compiler used in production: --amp, --channels-last,
 --compile, applied to the unfolded and the folded model alike."""
+
 import json
 import os.path as osp
 
@@ -14,8 +15,15 @@ from mmrepa.errors import ConfigError
 from .conftest import ROOT, TINY_ARCH, randomize_, script_module
 
 # RepOpt-VGG in RepVGG mode: convs only, so dynamo traces it in about a second
-REPVGG = [osp.join(ROOT, 'configs', 'demo', 'repopt_vgg_shapes.py'), '--shape', '48', '48',
-          '--cfg-options', 'model.backbone.mode=repvgg', 'model.backbone.scales=None']
+REPVGG = [
+    osp.join(ROOT, 'configs', 'demo', 'repopt_vgg_shapes.py'),
+    '--shape',
+    '48',
+    '48',
+    '--cfg-options',
+    'model.backbone.mode=repvgg',
+    'model.backbone.scales=None',
+]
 
 
 @pytest.fixture(scope='module')
@@ -82,9 +90,23 @@ def test_compile_time_is_reported_apart_and_outputs_are_unchanged(benchmark):
 
 def test_every_setting_applies_to_both_models(benchmark, tmp_path):
     out = tmp_path / 'result.json'
-    benchmark.main([*REPVGG, '--repeat', '1', '--warmup', '0', '--amp', 'bf16',
-                    '--channels-last', '--compile', '--compile-backend', 'eager',
-                    '--out', str(out)])
+    benchmark.main(
+        [
+            *REPVGG,
+            '--repeat',
+            '1',
+            '--warmup',
+            '0',
+            '--amp',
+            'bf16',
+            '--channels-last',
+            '--compile',
+            '--compile-backend',
+            'eager',
+            '--out',
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     assert (result['amp'], result['channels_last'], result['compile']) == ('bf16', True, True)
     assert set(result['compile_seconds']) == {'before', 'after'}
@@ -99,15 +121,19 @@ SWIN_ARCH = dict(TINY_ARCH, depths=(2, 1, 1, 1))
 
 
 # both Swins share the window layout: RePa-Swin as trained, PRepBN-Swin folded
-@pytest.mark.parametrize('build, folded', [
-    (lambda: RePaSwin(arch=SWIN_ARCH, window_size=4, idle_ratio=0.75, ffn_norm='BN'), False),
-    (lambda: PRepBNSwin(arch=SWIN_ARCH, window_size=4), True),
-])
+@pytest.mark.parametrize(
+    'build, folded',
+    [
+        (lambda: RePaSwin(arch=SWIN_ARCH, window_size=4, idle_ratio=0.75, ffn_norm='BN'), False),
+        (lambda: PRepBNSwin(arch=SWIN_ARCH, window_size=4), True),
+    ],
+)
 def test_windowed_swin_compiles_without_graph_breaks(build, folded):
     """The window layout has no value-dependent shapes (it used boolean indexing: 15 graph
     breaks in the demo RePa-Swin, and --compile gained nothing); 13 x 19 needs padding and
     the shifted windows wrap."""
     import torch._dynamo as dynamo
+
     model = randomize_(build()).eval()
     if folded:
         reparameterize(model)
@@ -115,5 +141,4 @@ def test_windowed_swin_compiles_without_graph_breaks(build, folded):
     with torch.no_grad():
         explained = dynamo.explain(model)(x)
     dynamo.reset()
-    assert explained.graph_break_count == 0, [str(r.reason)[:200]
-                                              for r in explained.break_reasons]
+    assert explained.graph_break_count == 0, [str(r.reason)[:200] for r in explained.break_reasons]

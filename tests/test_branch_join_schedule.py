@@ -1,4 +1,5 @@
 """BranchJoinScheduleHook: the λ curves of the depth joining ramp and the hook on a fake runner."""
+
 import logging
 import math
 from types import SimpleNamespace
@@ -8,10 +9,10 @@ import torch
 import torch.nn as nn
 from mmengine.logging import MessageHub, MMLogger
 
+from mmrepa.backbones.depth_rep_vit import JoinedBlock
 from mmrepa.engine import BranchJoinScheduleHook
 from mmrepa.engine.hooks import join_lambda
 from mmrepa.engine.hooks.branch_join_schedule_hook import JOIN_SCHEDULE_MODES, join_modules
-from mmrepa.layers import JoinedBlock
 
 MODES = JOIN_SCHEDULE_MODES
 
@@ -20,9 +21,9 @@ MODES = JOIN_SCHEDULE_MODES
 def test_curves_start_at_0_end_at_exactly_1_and_are_monotone(mode):
     begin, end = 10, 30
     values = [join_lambda(it, begin, end, mode) for it in range(0, 50)]
-    assert values[:begin + 1] == [0.0] * (begin + 1)
+    assert values[: begin + 1] == [0.0] * (begin + 1)
     assert all(v == 1.0 for v in values[end:])  # exactly 1.0, not 0.9933
-    assert all(0.0 < v < 1.0 for v in values[begin + 1:end])
+    assert all(0.0 < v < 1.0 for v in values[begin + 1 : end])
     assert all(a <= b for a, b in zip(values, values[1:]))
     assert all(type(v) is float for v in values)
 
@@ -47,8 +48,8 @@ class TinyJoined(nn.Module):
         super().__init__()
         self.stem = nn.Linear(8, 8)
         self.blocks = nn.ModuleList(
-            JoinedBlock(embed_dims=8, num_heads=2, num_branches=2, deploy=deploy)
-            for _ in range(2))
+            JoinedBlock(embed_dims=8, num_heads=2, num_branches=2, deploy=deploy) for _ in range(2)
+        )
 
 
 class Wrapped(nn.Module):  # stands in for DistributedDataParallel (.module)
@@ -77,9 +78,14 @@ def fake_runner(model, max_iters=100, it=0):
     logger = MMLogger.get_instance(f'test_branch_join_{_COUNT[0]}', log_level='DEBUG')
     handler = Recorder()
     logger.addHandler(handler)
-    return SimpleNamespace(model=model, iter=it, max_iters=max_iters, logger=logger,
-                           message_hub=MessageHub.get_instance(f'test_branch_join_{_COUNT[0]}'),
-                           log=handler)
+    return SimpleNamespace(
+        model=model,
+        iter=it,
+        max_iters=max_iters,
+        logger=logger,
+        message_hub=MessageHub.get_instance(f'test_branch_join_{_COUNT[0]}'),
+        log=handler,
+    )
 
 
 def lambdas(model):
@@ -202,22 +208,25 @@ def test_warns_at_the_end_if_a_layer_was_set_below_1_behind_the_hook():
     assert 'blocks.1.mlp' in warning and '0.25' in warning
 
 
-@pytest.mark.parametrize('kwargs, option', [
-    (dict(end_iter=10, mode='quadratic'), 'mode'),
-    (dict(begin_iter=10, end_iter=10), 'end_iter'),
-    (dict(begin_iter=12, end_iter=10), 'end_iter'),
-    (dict(end_iter=0), 'end_iter'),
-    (dict(end_iter=-5), 'end_iter'),
-    (dict(begin_iter=-1, end_iter=5), 'begin_iter'),
-    (dict(end_ratio=-0.1), 'end_ratio'),
-    (dict(end_ratio=1.5), 'end_ratio'),
-    (dict(begin_ratio=0.5, end_ratio=0.5), 'end_ratio'),
-    (dict(begin_ratio=-0.5, end_ratio=0.5), 'begin_ratio'),
-    (dict(), 'end_iter'),
-    (dict(end_iter=10, end_ratio=0.5), 'end_ratio'),
-    (dict(begin_iter=1, begin_ratio=0.1, end_iter=10), 'begin_ratio'),
-    (dict(end_iter=2.5), 'end_iter'),
-])
+@pytest.mark.parametrize(
+    'kwargs, option',
+    [
+        (dict(end_iter=10, mode='quadratic'), 'mode'),
+        (dict(begin_iter=10, end_iter=10), 'end_iter'),
+        (dict(begin_iter=12, end_iter=10), 'end_iter'),
+        (dict(end_iter=0), 'end_iter'),
+        (dict(end_iter=-5), 'end_iter'),
+        (dict(begin_iter=-1, end_iter=5), 'begin_iter'),
+        (dict(end_ratio=-0.1), 'end_ratio'),
+        (dict(end_ratio=1.5), 'end_ratio'),
+        (dict(begin_ratio=0.5, end_ratio=0.5), 'end_ratio'),
+        (dict(begin_ratio=-0.5, end_ratio=0.5), 'begin_ratio'),
+        (dict(), 'end_iter'),
+        (dict(end_iter=10, end_ratio=0.5), 'end_ratio'),
+        (dict(begin_iter=1, begin_ratio=0.1, end_iter=10), 'begin_ratio'),
+        (dict(end_iter=2.5), 'end_iter'),
+    ],
+)
 def test_refuses_bad_options_naming_them(kwargs, option):
     with pytest.raises(ValueError, match=option):
         BranchJoinScheduleHook(**kwargs)
@@ -289,14 +298,19 @@ def run_runner(work_dir, max_iters, resume=False):
             lambdas_seen.append((runner.iter, runner.model.net.block.attn._join_lambda))
 
     runner = Runner(
-        model=Model(), work_dir=str(work_dir),
+        model=Model(),
+        work_dir=str(work_dir),
         train_dataloader=DataLoader(data, batch_size=2, shuffle=False),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
         train_cfg=dict(by_epoch=False, max_iters=max_iters),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=3, by_epoch=False),
-                           logger=dict(type='LoggerHook', interval=100)),
+        default_hooks=dict(
+            checkpoint=dict(type='CheckpointHook', interval=3, by_epoch=False),
+            logger=dict(type='LoggerHook', interval=100),
+        ),
         custom_hooks=[Record(end_iter=5, mode='exp')],
-        resume=resume, experiment_name=f'bjs_{max_iters}_{resume}')
+        resume=resume,
+        experiment_name=f'bjs_{max_iters}_{resume}',
+    )
     runner.train()
     return runner, lambdas_seen
 

@@ -66,8 +66,9 @@ def test_activation_sees_only_the_active_slice():
 
 @pytest.mark.parametrize('act', [torch.nn.GELU(), StarReLU(scale_value=0.8, bias_value=-0.3)])
 @pytest.mark.parametrize('active', [0, 3, 8])
-@pytest.mark.parametrize('fresh', [lambda x: x * 1.0, lambda x: (x * 1.0).transpose(0, 1)],
-                         ids=['tensor', 'view'])
+@pytest.mark.parametrize(
+    'fresh', [lambda x: x * 1.0, lambda x: (x * 1.0).transpose(0, 1)], ids=['tensor', 'view']
+)
 def test_in_place_partial_activation_matches_slice_and_cat(act, active, fresh):
     act = act.double()
     h = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
@@ -82,16 +83,19 @@ def test_in_place_partial_activation_matches_slice_and_cat(act, active, fresh):
 
     ref = grads(lambda x: torch.cat([act(x[..., :active]), x[..., active:]], -1))
     out = grads(lambda x: activate_first_(act, x, active))
-    assert torch.equal(activate_first_(act, h.detach().clone(), active),
-                       torch.cat([act(h[..., :active]), h[..., active:]], -1).detach())
+    assert torch.equal(
+        activate_first_(act, h.detach().clone(), active),
+        torch.cat([act(h[..., :active]), h[..., active:]], -1).detach(),
+    )
     for r, o in zip(ref, out):
         if o is None:  # no active channel: the activation is not called
             assert active == 0 and not r.any()
         else:
             assert max_abs_diff(r, o) < 1e-12
     if active:
-        torch.autograd.gradcheck(lambda x, *p: activate_first_(act, fresh(x), active),
-                                 (h, *act.parameters()))
+        torch.autograd.gradcheck(
+            lambda x, *p: activate_first_(act, fresh(x), active), (h, *act.parameters())
+        )
 
 
 @pytest.mark.parametrize('C', [96, 128])
@@ -147,8 +151,13 @@ def test_drop_path_and_dropout_are_identity_at_eval_and_train_path_runs():
 
 
 @settings(max_examples=25, deadline=None)
-@given(C=st.integers(1, 24), ratio=st.sampled_from([1.0, 2.0, 4.0]),
-       idle=st.floats(0.0, 1.0), tokens=st.integers(1, 17), norm=st.sampled_from(['BN', 'LN']))
+@given(
+    C=st.integers(1, 24),
+    ratio=st.sampled_from([1.0, 2.0, 4.0]),
+    idle=st.floats(0.0, 1.0),
+    tokens=st.integers(1, 17),
+    norm=st.sampled_from(['BN', 'LN']),
+)
 def test_fold_property(C, ratio, idle, tokens, norm):
     ffn = make(C=C, idle=idle, norm=norm, mlp_ratio=ratio)
     x = torch.randn(2, tokens, C, dtype=torch.float64)
@@ -158,21 +167,30 @@ def test_fold_property(C, ratio, idle, tokens, norm):
 
 # --- MetaFormer hosts: residual scale, layer scale, no biases, StarReLU (SPEC §1) ---
 
+
 def metaformer_ffn(C, idle, norm='BN', dtype=torch.float64, layer_scale=True, **kw):
     """An FFN with every MetaFormer option; randomize_ makes r, g, s and b non-trivial."""
     kw.setdefault('act_cfg', dict(type='StarReLU'))
-    ffn = ChannelIdleFFN(C, idle_ratio=idle, **NORMS[norm], bias=False, res_scale=True,
-                         layer_scale_init=1e-5 if layer_scale else None, **kw)
+    ffn = ChannelIdleFFN(
+        C,
+        idle_ratio=idle,
+        **NORMS[norm],
+        bias=False,
+        res_scale=True,
+        layer_scale_init=1e-5 if layer_scale else None,
+        **kw,
+    )
     return randomize_(ffn).to(dtype).eval()
 
 
 def reference_ffn(ffn, x):
     """The training-time function written out from the parameters (independent of forward)."""
     from mmrepa.layers import channels_last_norm
+
     a = ffn.active_channels
     h = channels_last_norm(ffn.norm1, x) @ ffn.fc1.weight.t()
     s, b = ffn.act.scale, ffn.act.bias
-    h = torch.cat([s * torch.relu(h[..., :a])**2 + b, h[..., a:]], dim=-1)
+    h = torch.cat([s * torch.relu(h[..., :a]) ** 2 + b, h[..., a:]], dim=-1)
     if ffn.norm2 is not None:
         h = channels_last_norm(ffn.norm2, h)
     z = (h @ ffn.fc2.weight.t()) * ffn.layer_scale
@@ -197,18 +215,23 @@ def test_metaformer_options_fold_close_in_float32(norm, idle):
     ffn = metaformer_ffn(37, idle, norm, dtype=torch.float32, layer_scale=False)
     x = torch.randn(3, 11, 37)
     ref = ffn(x)
-    torch.testing.assert_close(reparameterize(copy.deepcopy(ffn))(x), ref, rtol=1e-5,
-                               atol=1e-5 * ref.abs().max().item())
+    torch.testing.assert_close(
+        reparameterize(copy.deepcopy(ffn))(x), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item()
+    )
 
 
 def test_folded_starrelu_ffn_uses_the_bare_activation_and_folds_the_shortcut():
     from mmrepa.layers import SquaredReLU
+
     C = 16
     ffn = reparameterize(metaformer_ffn(C, 0.75, 'BN'))
     assert type(ffn.act) is SquaredReLU and not list(ffn.act.parameters())
     assert ffn.res_scale is None  # diag(r) lives in in_proj's linear part
-    assert {n for n, _ in ffn.named_parameters()} == {'in_proj.weight', 'in_proj.bias',
-                                                       'out_proj.weight'}
+    assert {n for n, _ in ffn.named_parameters()} == {
+        'in_proj.weight',
+        'in_proj.bias',
+        'out_proj.weight',
+    }
     ln = reparameterize(metaformer_ffn(C, 0.75, 'LN'))  # the LN shortcut stays, scaled
     assert ln.res_scale is not None and ln.norm1 is not None
 
@@ -229,15 +252,19 @@ def test_metaformer_options_deploy_round_trip(norm):
 def test_res_and_layer_scale_train_from_their_initial_values():
     ffn = ChannelIdleFFN(8, res_scale=True, layer_scale_init=1e-5)
     assert torch.equal(ffn.res_scale, torch.ones(8))
-    assert torch.equal(ffn.layer_scale, torch.full((8, ), 1e-5))
+    assert torch.equal(ffn.layer_scale, torch.full((8,), 1e-5))
     x = torch.randn(2, 3, 8)
     ffn(x).sum().backward()
     assert ffn.res_scale.grad is not None and ffn.layer_scale.grad is not None
 
 
 @settings(max_examples=25, deadline=None)
-@given(C=st.integers(1, 20), idle=st.floats(0.0, 1.0), norm=st.sampled_from(['BN', 'LN']),
-       layer_scale=st.booleans())
+@given(
+    C=st.integers(1, 20),
+    idle=st.floats(0.0, 1.0),
+    norm=st.sampled_from(['BN', 'LN']),
+    layer_scale=st.booleans(),
+)
 def test_metaformer_fold_property(C, idle, norm, layer_scale):
     ffn = metaformer_ffn(C, idle, norm, layer_scale=layer_scale)
     x = torch.randn(2, 3, C, dtype=torch.float64)

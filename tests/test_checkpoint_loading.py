@@ -1,4 +1,5 @@
 """Pretrained loading, checked against independent implementations (mmdet, timm)."""
+
 import copy
 import logging
 import re
@@ -22,20 +23,20 @@ def pretrained(tmp_path, state_dict, **kw):
     """A RePaSwin that loads ``state_dict`` from a file through ``init_cfg``, as configs do."""
     path = tmp_path / 'ckpt.pth'
     torch.save({'state_dict': state_dict}, path)
-    kw.setdefault('drop_path_rate', 0.)
-    model = RePaSwin(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)),
-                     **kw)
+    kw.setdefault('drop_path_rate', 0.0)
+    model = RePaSwin(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)), **kw)
     model.init_weights()
     return model.eval()
 
 
 def test_mmdet_swin_checkpoint_gives_mmdet_outputs(tmp_path):
     from mmdet.models.backbones import SwinTransformer
-    ref = randomize_(SwinTransformer(**SWIN_KW, drop_path_rate=0.))
+
+    ref = randomize_(SwinTransformer(**SWIN_KW, drop_path_rate=0.0))
     ref.eval()  # mmdet's Swin.train() returns None
     detector_state = {'backbone.' + k: v for k, v in ref.state_dict().items()}
     detector_state['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)  # ignored: not backbone
-    ours = pretrained(tmp_path, detector_state, idle_ratio=0., ffn_norm='LN')
+    ours = pretrained(tmp_path, detector_state, idle_ratio=0.0, ffn_norm='LN')
     for hw in [(75, 101), (224, 224), (33, 47)]:
         x = torch.randn(2, 3, *hw)
         with torch.no_grad():
@@ -58,12 +59,17 @@ def test_original_swin_checkpoint_gives_timm_outputs(tmp_path):
     timm = pytest.importorskip('timm')
     # At 448 px every stage map is larger than the window. (At 224 the last map is one window:
     # the original Swin then drops the shift, mmdet's Swin - and RePaSwin - keep it.)
-    ref = timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, embed_dim=16,
-                            depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), drop_path_rate=0.,
-                            img_size=448)
+    ref = timm.create_model(
+        'swin_tiny_patch4_window7_224',
+        pretrained=False,
+        embed_dim=16,
+        depths=(2, 2, 2, 2),
+        num_heads=(1, 2, 2, 4),
+        drop_path_rate=0.0,
+        img_size=448,
+    )
     ref = randomize_(ref).eval()
-    ours = pretrained(tmp_path, _timm_to_original(ref.state_dict()),
-                      idle_ratio=0., ffn_norm='LN')
+    ours = pretrained(tmp_path, _timm_to_original(ref.state_dict()), idle_ratio=0.0, ffn_norm='LN')
     x = torch.randn(2, 3, 448, 448)
     with torch.no_grad():
         final, inter = ref.forward_intermediates(x, indices=4, norm=True)
@@ -80,7 +86,7 @@ def _to_repavit_layout(state_dict):
     for k, v in state_dict.items():
         k = k.replace('patch_embed.projection.', 'patch_embed.proj.')
         if k.startswith('stages.'):
-            k = 'layers.' + k[len('stages.'):]
+            k = 'layers.' + k[len('stages.') :]
             k = k.replace('.attn.w_msa.', '.attn.').replace('.ffn.', '.mlp.')
             if '.downsample.' in k:  # unfold order (channel-major) back to concat order
                 lead, C = v.shape[:-1], v.shape[-1] // 4
@@ -91,7 +97,7 @@ def _to_repavit_layout(state_dict):
 
 
 def test_repavit_checkpoint_round_trip(tmp_path):
-    src = randomize_(RePaSwin(arch=TINY_ARCH, drop_path_rate=0.)).eval()
+    src = randomize_(RePaSwin(arch=TINY_ARCH, drop_path_rate=0.0)).eval()
     state = _to_repavit_layout(src.state_dict())
     assert 'layers.0.blocks.1.mlp.norm2.running_var' in state
     ours = pretrained(tmp_path, state)
@@ -105,8 +111,13 @@ def test_unfold_order_matches_the_two_concatenations():
     # nn.Unfold(2, stride=2): channel-major, then (row, col) offsets in raster order.
     C = 3
     x = torch.randn(1, C, 4, 6)
-    concat = torch.cat([x[..., 0::2, 0::2], x[..., 1::2, 0::2], x[..., 0::2, 1::2],
-                        x[..., 1::2, 1::2]], dim=1).flatten(2).transpose(1, 2)
+    concat = (
+        torch.cat(
+            [x[..., 0::2, 0::2], x[..., 1::2, 0::2], x[..., 0::2, 1::2], x[..., 1::2, 1::2]], dim=1
+        )
+        .flatten(2)
+        .transpose(1, 2)
+    )
     unfold = torch.nn.functional.unfold(x, 2, stride=2).transpose(1, 2)
     w = torch.randn(5, 4 * C)
     torch.testing.assert_close(unfold @ _unfold_order(w).t(), concat @ w.t())
@@ -128,8 +139,11 @@ def test_vanilla_swin_into_repa_swin_is_an_error(tmp_path):
 
 def test_another_arch_names_the_key_and_both_shapes(tmp_path):
     state = RePaSwin(arch=dict(TINY_ARCH, embed_dims=32)).state_dict()
-    with pytest.raises(ValueError, match=r'patch_embed\.projection\.weight has shape '
-                       r'\(32, 3, 4, 4\) in the checkpoint but \(16, 3, 4, 4\)'):
+    with pytest.raises(
+        ValueError,
+        match=r'patch_embed\.projection\.weight has shape '
+        r'\(32, 3, 4, 4\) in the checkpoint but \(16, 3, 4, 4\)',
+    ):
         pretrained(tmp_path, state)
 
 
@@ -153,8 +167,11 @@ def test_unused_and_missing_optional_keys_are_reported_by_name(tmp_path):
 
 def test_folded_and_unfolded_checkpoints_need_the_matching_deploy_flag(tmp_path):
     model = RePaSwin(arch=TINY_ARCH).eval()
-    with pytest.raises(ValueError, match=r'stages\.0\.blocks\.0\.ffn: .*unfolded weights.*'
-                       'Build it with deploy=False'):
+    with pytest.raises(
+        ValueError,
+        match=r'stages\.0\.blocks\.0\.ffn: .*unfolded weights.*'
+        'Build it with deploy=False',
+    ):
         pretrained(tmp_path, model.state_dict(), deploy=True)
     with pytest.raises(ValueError, match=r'ffn: .*folded weights.*Build it with deploy=True'):
         pretrained(tmp_path, reparameterize(model).state_dict())
@@ -167,31 +184,42 @@ def test_relative_position_tables_of_another_window_are_resized(tmp_path):
     key = 'stages.0.blocks.0.attn.w_msa.relative_position_bias_table'
     # a bias that depends on the vertical offset only: so must the resized one (a transposed
     # reshape would make it depend on the horizontal offset only)
-    dy = torch.arange(23.).view(23, 1).expand(23, 23)
+    dy = torch.arange(23.0).view(23, 1).expand(23, 23)
     state[key] = dy.reshape(529, 1)
     converted = checkpoint_filter_fn(state, model)
     assert converted[key].shape == model.state_dict()[key].shape == (169, 1)
     grid = converted[key].view(13, 13)
     assert torch.allclose(grid, grid[:, :1].expand(13, 13), atol=1e-5)
     assert (grid[1:, 0] > grid[:-1, 0]).all()
-    torch.testing.assert_close(grid[6, 0], torch.tensor(11.), atol=1e-4, rtol=0)  # offset 0
+    torch.testing.assert_close(grid[6, 0], torch.tensor(11.0), atol=1e-4, rtol=0)  # offset 0
     load_state_dict_checked(model, converted)
 
 
-@pytest.mark.parametrize('build', [
-    lambda deploy: RePaSwin(arch=TINY_ARCH, deploy=deploy),
-    lambda deploy: CAFormer(arch=dict(depths=(1, 1, 1, 1), dims=(16, 32, 48, 64)), head_dim=16,
-                            idle_ratio=0.5, deploy=deploy),
-], ids=['repa_swin', 'repa_caformer'])
+@pytest.mark.parametrize(
+    'build',
+    [
+        lambda deploy: RePaSwin(arch=TINY_ARCH, deploy=deploy),
+        lambda deploy: CAFormer(
+            arch=dict(depths=(1, 1, 1, 1), dims=(16, 32, 48, 64)),
+            head_dim=16,
+            idle_ratio=0.5,
+            deploy=deploy,
+        ),
+    ],
+    ids=['repa_swin', 'repa_caformer'],
+)
 def test_runner_load_path_refuses_the_other_form(build, tmp_path):
     """``load_from``, resume and tools/test.py load with mmengine's non-strict
     ``load_checkpoint``: a folded/unfolded mismatch must stop it, not leave initial weights."""
     from mmengine.runner import load_checkpoint
+
     unfolded = randomize_(build(False)).eval()
     folded = reparameterize(copy.deepcopy(unfolded))
     for name, model in (('unfolded', unfolded), ('folded', folded)):
-        torch.save(dict(state_dict={f'backbone.{k}': v for k, v in model.state_dict().items()}),
-                   str(tmp_path / f'{name}.pth'))
+        torch.save(
+            dict(state_dict={f'backbone.{k}': v for k, v in model.state_dict().items()}),
+            str(tmp_path / f'{name}.pth'),
+        )
     detector = torch.nn.Module()
     detector.backbone = build(False)
     with pytest.raises(ValueError, match='deploy=True'):
@@ -208,11 +236,17 @@ def test_runner_load_path_refuses_the_other_form(build, tmp_path):
 
 def test_runner_load_path_names_the_first_mismatched_key(tmp_path):
     from mmengine.runner import load_checkpoint
+
     other = RePaSwin(arch=dict(TINY_ARCH, embed_dims=24))
-    torch.save(dict(state_dict={f'backbone.{k}': v for k, v in other.state_dict().items()}),
-               str(tmp_path / 'other.pth'))
+    torch.save(
+        dict(state_dict={f'backbone.{k}': v for k, v in other.state_dict().items()}),
+        str(tmp_path / 'other.pth'),
+    )
     detector = torch.nn.Module()
     detector.backbone = RePaSwin(arch=TINY_ARCH)
-    with pytest.raises(ValueError, match=r'backbone\.patch_embed\.projection\.weight has shape '
-                       r'\(24, 3, 4, 4\) in the checkpoint but \(16, 3, 4, 4\)'):
+    with pytest.raises(
+        ValueError,
+        match=r'backbone\.patch_embed\.projection\.weight has shape '
+        r'\(24, 3, 4, 4\) in the checkpoint but \(16, 3, 4, 4\)',
+    ):
         load_checkpoint(detector, str(tmp_path / 'other.pth'))

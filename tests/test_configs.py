@@ -4,10 +4,11 @@ One config per backbone family runs at full size; the others run with their back
 tiny arch of the same type (every other option, the neck and the heads as configured), after
 their full-size backbone is built and checked against the channels the neck or heads expect.
 """
+
 import copy
 import glob
-import re
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -26,17 +27,24 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # the larger ImageNet MetaFormer sizes, which shrink to the same tiny model as their s18 config
 # and differ only in drop rates; the 4- and 3-layer depth re-parameterized ViT configs, which
 # differ from the 6-layer ones in depth.
-_REDUNDANT = re.compile(r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
-                        r'|depthrep_vit_tiny_d[34]_')
-CONFIGS = sorted(p for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
-                 if not {'_base_', 'deploy'} & set(p.split(osp.sep)) and not _REDUNDANT.search(p))
+_REDUNDANT = re.compile(
+    r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
+    r'|depthrep_vit_tiny_d[34]_'
+)
+CONFIGS = sorted(
+    p
+    for p in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+    if not {'_base_', 'deploy'} & set(p.split(osp.sep)) and not _REDUNDANT.search(p)
+)
 H, W = 96, 128
 # Larger sizes of a family (Swin S/B, MetaFormer S36/M36 in detection and segmentation; Swin S/B
 # classifiers): they inherit their smallest size's config and change the arch, drop path and the
 # channels the neck / heads take. Shrunk, they are that config's tiny model, so only their
 # channel wiring is checked and their model built; the smallest size runs loss and predict.
-SIZE_VARIANT = re.compile(r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
-                          r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_')
+SIZE_VARIANT = re.compile(
+    r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
+    r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
+)
 
 # the configs that run at full size: one per backbone family (the cheapest of each)
 FULL_SIZE = {
@@ -49,33 +57,49 @@ FULL_SIZE = {
 # the rest: same structure, small widths; stages 3-4 stay multiples of CAFormer's head_dim 32
 METAFORMER_TINY = dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96))
 REPOPT_TINY = dict(depths=(1, 2, 1, 1), widths=(8, 16, 16, 32), stem_width=8)
-TINY_ARCHS = {'RePaSwin': TINY_ARCH, 'PRepBNSwin': TINY_ARCH, 'ConvFormer': METAFORMER_TINY,
-              'CAFormer': METAFORMER_TINY, 'RepOptVGG': REPOPT_TINY,
-              'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2)}
+TINY_ARCHS = {
+    'RePaSwin': TINY_ARCH,
+    'PRepBNSwin': TINY_ARCH,
+    'ConvFormer': METAFORMER_TINY,
+    'CAFormer': METAFORMER_TINY,
+    'RepOptVGG': REPOPT_TINY,
+    'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2),
+}
 
 
 def det_inputs(with_mask):
     from mmdet.testing import demo_mm_inputs
-    return demo_mm_inputs(batch_size=2, image_shapes=[(3, H, W)] * 2, num_items=[2, 3],
-                          num_classes=3, with_mask=with_mask)
+
+    return demo_mm_inputs(
+        batch_size=2,
+        image_shapes=[(3, H, W)] * 2,
+        num_items=[2, 3],
+        num_classes=3,
+        with_mask=with_mask,
+    )
 
 
 def seg_inputs(num_classes):
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
+
     samples = []
     for _ in range(2):
         s = SegDataSample(metainfo=dict(img_shape=(H, W), ori_shape=(H, W), pad_shape=(H, W)))
         s.gt_sem_seg = PixelData(data=torch.randint(0, num_classes, (1, H, W)))
         samples.append(s)
-    return dict(inputs=[torch.randint(0, 256, (3, H, W), dtype=torch.uint8)] * 2,
-                data_samples=samples)
+    return dict(
+        inputs=[torch.randint(0, 256, (3, H, W), dtype=torch.uint8)] * 2, data_samples=samples
+    )
 
 
 def cls_inputs():
     from mmpretrain.structures import DataSample
-    return dict(inputs=[torch.randint(0, 256, (3, H, W), dtype=torch.uint8)] * 2,
-                data_samples=[DataSample().set_gt_label(label) for label in (1, 2)])  # 3+ classes
+
+    return dict(
+        inputs=[torch.randint(0, 256, (3, H, W), dtype=torch.uint8)] * 2,
+        data_samples=[DataSample().set_gt_label(label) for label in (1, 2)],
+    )  # 3+ classes
 
 
 def shrink(cfg):
@@ -88,7 +112,7 @@ def shrink(cfg):
             if isinstance(stage.get(name), dict) and 'nms_pre' in stage[name]:
                 stage[name].update(nms_pre=50, max_per_img=10 if key == 'test_cfg' else 50)
         rcnn = stage.get('rcnn')
-        for r in (rcnn if isinstance(rcnn, list) else [rcnn]):
+        for r in rcnn if isinstance(rcnn, list) else [rcnn]:
             if isinstance(r, dict) and 'sampler' in r:
                 r.sampler.num = 16
             elif isinstance(r, dict) and 'max_per_img' in r:
@@ -119,10 +143,15 @@ def feature_channels(model_cfg):
 def set_feature_channels(model_cfg, outputs):
     """Make the neck / heads take ``outputs`` (channels of each backbone output)."""
     for user, index in _feature_users(model_cfg):
-        user.in_channels = (outputs[-1] if index is None and isinstance(user.in_channels, int)
-                            else list(outputs) if index is None else
-                            [outputs[i] for i in index] if isinstance(index, (list, tuple))
-                            else outputs[index])
+        user.in_channels = (
+            outputs[-1]
+            if index is None and isinstance(user.in_channels, int)
+            else list(outputs)
+            if index is None
+            else [outputs[i] for i in index]
+            if isinstance(index, (list, tuple))
+            else outputs[index]
+        )
 
 
 def backbone_outputs(backbone):
@@ -138,7 +167,8 @@ def shrink_backbone(cfg):
     set_feature_channels(consistent, outputs)
     assert feature_channels(cfg.model) == feature_channels(consistent), (
         f'the neck / heads are configured for {feature_channels(cfg.model)}, the backbone gives '
-        f'{outputs} (out_indices {backbone.out_indices})')
+        f'{outputs} (out_indices {backbone.out_indices})'
+    )
     cfg.model.backbone.arch = TINY_ARCHS[cfg.model.backbone.type]
     tiny = MODELS.build(cfg.model.backbone)
     set_feature_channels(cfg.model, backbone_outputs(tiny))
@@ -165,15 +195,21 @@ def test_config_builds_and_runs_loss_and_predict(path):
     cfg = Config.fromfile(path)
     assert cfg.custom_imports.imports[0] == 'mmrepa'
     backbone = cfg.model.backbone
-    if backbone.type == 'RepOptVGG' and backbone.get('mode', 'target') == 'target' and \
-            backbone.get('init_cfg'):  # the official ImageNet checkpoints lack the constants
+    if (
+        backbone.type == 'RepOptVGG'
+        and backbone.get('mode', 'target') == 'target'
+        and backbone.get('init_cfg')
+    ):  # the official ImageNet checkpoints lack the constants
         assert isinstance(backbone.get('scales'), str), 'fine-tuning RepOpt-VGG needs scales='
     if isinstance(backbone.get('scales'), str):  # not here, and B1's would not fit a tiny arch
         backbone.scales = None
     if backbone.get('init_cfg'):
         assert backbone.init_cfg.type == 'Pretrained'
-    if osp.basename(path) not in FULL_SIZE and isinstance(backbone.get('arch'), str) \
-            and backbone.type in TINY_ARCHS:
+    if (
+        osp.basename(path) not in FULL_SIZE
+        and isinstance(backbone.get('arch'), str)
+        and backbone.type in TINY_ARCHS
+    ):
         cfg = shrink_backbone(cfg)
     model = build(shrink(cfg))
     if SIZE_VARIANT.search(osp.basename(path)):
@@ -192,9 +228,9 @@ def test_config_builds_and_runs_loss_and_predict(path):
     model.train()
     data = model.data_preprocessor(copy.deepcopy(packed), True)
     losses = model(**data, mode='loss')
-    total = sum(v.sum() for k, v in losses.items() if 'loss' in k and torch.is_tensor(v)) + \
-        sum(sum(x.sum() for x in v) for k, v in losses.items() if 'loss' in k and
-            isinstance(v, list))
+    total = sum(v.sum() for k, v in losses.items() if 'loss' in k and torch.is_tensor(v)) + sum(
+        sum(x.sum() for x in v) for k, v in losses.items() if 'loss' in k and isinstance(v, list)
+    )
     assert torch.isfinite(total)
     total.backward()
     # the first trainable backbone parameter (the stem, unless frozen): gradients reach it

@@ -4,6 +4,7 @@ Shapes are recognised from the files alone: a shape is filled with one colour, a
 over its squared largest centroid distance tells the kinds apart whatever the rotation
 (circle pi, square 2, triangle 1.3).
 """
+
 import json
 import os
 import os.path as osp
@@ -18,8 +19,13 @@ from mmengine.utils import import_modules_from_strings
 from PIL import Image
 from scipy import ndimage
 
-from mmrepa.datasets import (SEG_CLASSES, SHAPE_CLASSES, make_shapes_ade20k,
-                             make_shapes_classification, make_shapes_coco)
+from mmrepa.datasets import (
+    SEG_CLASSES,
+    SHAPE_CLASSES,
+    make_shapes_ade20k,
+    make_shapes_classification,
+    make_shapes_coco,
+)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo')
@@ -27,7 +33,7 @@ DEMO = osp.join(ROOT, 'configs', 'demo')
 
 def shape_kind(mask: np.ndarray) -> str:
     ys, xs = np.nonzero(mask)
-    r2 = ((ys - ys.mean())**2 + (xs - xs.mean())**2).max()
+    r2 = ((ys - ys.mean()) ** 2 + (xs - xs.mean()) ** 2).max()
     compactness = len(ys) / r2
     return 'triangle' if compactness < 1.65 else 'square' if compactness < 2.55 else 'circle'
 
@@ -41,6 +47,7 @@ def fill_mask(img: np.ndarray, where: np.ndarray = None) -> np.ndarray:
 
 def test_classification_set_is_an_mmpretrain_custom_dataset(tmp_path):
     from mmpretrain.datasets import CustomDataset
+
     root = make_shapes_classification(str(tmp_path), num_train=12, num_val=4, size=64, seed=1)
     for split, count in (('train', 12), ('val', 4)):
         dataset = CustomDataset(data_root=root, data_prefix=split)
@@ -63,6 +70,7 @@ def test_ade20k_set_is_read_by_mmseg_with_ade20k_conventions(tmp_path):
     from mmseg.datasets.transforms import LoadAnnotations
 
     from mmrepa.datasets import ShapesADE20KDataset
+
     root = make_shapes_ade20k(str(tmp_path), num_train=6, num_val=3, size=96, seed=2)
     for split in ('training', 'validation'):
         images = sorted(os.listdir(osp.join(root, 'images', split)))
@@ -72,7 +80,8 @@ def test_ade20k_set_is_read_by_mmseg_with_ade20k_conventions(tmp_path):
     dataset = ShapesADE20KDataset(
         data_root=root,
         data_prefix=dict(img_path='images/training', seg_map_path='annotations/training'),
-        pipeline=[LoadImageFromFile(), LoadAnnotations()])
+        pipeline=[LoadImageFromFile(), LoadAnnotations()],
+    )
     assert isinstance(dataset, ADE20KDataset) and dataset.reduce_zero_label
     assert dataset.metainfo['classes'] == SEG_CLASSES and len(dataset) == 6
     seen = set()
@@ -102,11 +111,16 @@ def test_coco_set_masks_are_the_drawn_shapes(tmp_path):
     from mmcv.transforms import LoadImageFromFile
     from mmdet.datasets import CocoDataset
     from mmdet.datasets.transforms import LoadAnnotations
+
     root = make_shapes_coco(str(tmp_path), num_train=6, num_val=2, size=128, seed=3)
     dataset = CocoDataset(
-        data_root=root, ann_file='annotations/train.json', data_prefix=dict(img='train/'),
-        metainfo=dict(classes=SHAPE_CLASSES), filter_cfg=dict(filter_empty_gt=False),
-        pipeline=[LoadImageFromFile(), LoadAnnotations(with_bbox=True, with_mask=True)])
+        data_root=root,
+        ann_file='annotations/train.json',
+        data_prefix=dict(img='train/'),
+        metainfo=dict(classes=SHAPE_CLASSES),
+        filter_cfg=dict(filter_empty_gt=False),
+        pipeline=[LoadImageFromFile(), LoadAnnotations(with_bbox=True, with_mask=True)],
+    )
     assert len(dataset) == 6
     for i in range(len(dataset)):
         item = dataset[i]
@@ -116,7 +130,7 @@ def test_coco_set_masks_are_the_drawn_shapes(tmp_path):
         for mask, box, label in zip(masks, item['gt_bboxes'].numpy(), item['gt_bboxes_labels']):
             x0, y0, x1, y1 = box
             inside = np.zeros_like(mask)
-            inside[int(y0):int(np.ceil(y1)), int(x0):int(np.ceil(x1))] = True
+            inside[int(y0) : int(np.ceil(y1)), int(x0) : int(np.ceil(x1))] = True
             assert not (mask & ~inside).any()
             # the polygon mask and the drawn fill (the one colour inside the box) agree up to
             # the one-pixel outline
@@ -125,19 +139,27 @@ def test_coco_set_masks_are_the_drawn_shapes(tmp_path):
             assert shape_kind(mask) == SHAPE_CLASSES[label]
 
 
-@pytest.mark.parametrize('config, split_dirs', [
-    ('classifier_repa_caformer_shapes.py', ('train', 'val')),
-    ('upernet_repa_convformer_shapes.py', ('images/training', 'images/validation')),
-    ('mask-rcnn_prepbn_swin_shapes.py', ('train', 'val')),
-])
+@pytest.mark.parametrize(
+    'config, split_dirs',
+    [
+        ('classifier_repa_caformer_shapes.py', ('train', 'val')),
+        ('upernet_repa_convformer_shapes.py', ('images/training', 'images/validation')),
+        ('mask-rcnn_prepbn_swin_shapes.py', ('train', 'val')),
+    ],
+)
 def test_demo_configs_read_the_generated_sets(tmp_path, config, split_dirs):
     """Each demo config's train and val data sets, pipelines included, on a tiny set."""
     cfg = Config.fromfile(osp.join(DEMO, config))
     import_modules_from_strings(**cfg.custom_imports)
     registry = __import__(f'{cfg.default_scope}.registry', fromlist=['DATASETS']).DATASETS
     root = str(tmp_path) + '/'
-    make = (make_shapes_classification if 'classifier' in config else
-            make_shapes_ade20k if 'upernet' in config else make_shapes_coco)
+    make = (
+        make_shapes_classification
+        if 'classifier' in config
+        else make_shapes_ade20k
+        if 'upernet' in config
+        else make_shapes_coco
+    )
     make(root, num_train=6, num_val=3)  # the demo's image size
     with open(osp.join(root, 'params.json')) as f:
         size = json.load(f)['size']
@@ -151,13 +173,17 @@ def test_demo_configs_read_the_generated_sets(tmp_path, config, split_dirs):
     assert all(osp.isdir(osp.join(root, d)) for d in split_dirs)
 
 
-@pytest.mark.parametrize('make, files', [
-    (make_shapes_classification, ('train', '*/*.png')),
-    (make_shapes_ade20k, ('annotations/training', '*.png')),
-    (make_shapes_coco, ('train', '*.png')),
-])
+@pytest.mark.parametrize(
+    'make, files',
+    [
+        (make_shapes_classification, ('train', '*/*.png')),
+        (make_shapes_ade20k, ('annotations/training', '*.png')),
+        (make_shapes_coco, ('train', '*.png')),
+    ],
+)
 def test_generators_are_deterministic_and_idempotent(tmp_path, make, files):
     import glob
+
     a = make(str(tmp_path / 'a'), num_train=5, num_val=2, seed=4)
     b = make(str(tmp_path / 'b'), num_train=5, num_val=2, seed=4)
     pattern = osp.join(*files)
@@ -176,8 +202,10 @@ def test_generators_are_deterministic_and_idempotent(tmp_path, make, files):
 
 
 def test_importing_the_generators_does_not_import_mmseg():
-    code = ('import sys, mmrepa.datasets\n'
-            'assert "mmseg" not in sys.modules\n'
-            'mmrepa.datasets.ShapesADE20KDataset\n'
-            'assert "mmseg" in sys.modules\n')
+    code = (
+        'import sys, mmrepa.datasets\n'
+        'assert "mmseg" not in sys.modules\n'
+        'mmrepa.datasets.ShapesADE20KDataset\n'
+        'assert "mmseg" in sys.modules\n'
+    )
     subprocess.run([sys.executable, '-c', code], check=True)

@@ -1,6 +1,7 @@
 """Joined multi-branch ViT layers (SPEC-depth §7): the training forward against the SPEC's
 formulas, the exact fold at λ = 1 (and two wrong folds that must fail), the refusal below 1,
 sizes against §7.7 and the two checkpoint forms."""
+
 import copy
 import functools
 
@@ -12,11 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmrepa
+from mmrepa.backbones.depth_rep_vit import (
+    BranchSumLinear,
+    JoinedAttention,
+    JoinedBlock,
+    JoinedFFN,
+    stack_attention_branches,
+    stack_ffn_branches,
+    unstack_attention_branches,
+    unstack_ffn_branches,
+)
 from mmrepa.errors import CheckpointError
 from mmrepa.fold import FoldError
-from mmrepa.layers import (BranchSumLinear, JoinedAttention, JoinedBlock, JoinedFFN,
-                           stack_attention_branches, stack_ffn_branches,
-                           unstack_attention_branches, unstack_ffn_branches)
 from mmrepa.utils.complexity import complexity
 
 F64 = torch.float64
@@ -39,8 +47,11 @@ def randomized(module, seed=0):
     with torch.no_grad():
         for name, p in module.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=F64)
-            p.copy_(1 + 0.3 * noise if name.endswith('norm1.weight') or
-                    name.endswith('norm2.weight') else 0.3 * noise)
+            p.copy_(
+                1 + 0.3 * noise
+                if name.endswith('norm1.weight') or name.endswith('norm2.weight')
+                else 0.3 * noise
+            )
     return module
 
 
@@ -63,19 +74,22 @@ def reference_attention(attn, u, lam, valid=None):
     dh = d // H
     qs, ks, vs, projs = [], [], [], []
     for s in attn.branch_state_dicts():
-        q, k, v = (u @ s['qkv.weight'].T + s['qkv.bias']).view(B, N, 3, H, dh) \
-            .permute(2, 0, 3, 1, 4)
+        q, k, v = (
+            (u @ s['qkv.weight'].T + s['qkv.bias']).view(B, N, 3, H, dh).permute(2, 0, 3, 1, 4)
+        )
         qs.append(q), ks.append(k), vs.append(v), projs.append(s)
     out = 0
     for b in range(n):
         if attn.join == 'logits':
             logits = [qs[c] @ ks[c].transpose(-1, -2) for c in range(n)]
             mixed = logits[b] + lam * sum(logits[c] for c in range(n) if c != b)
-            mixed = mixed / ((1 + (n - 1) * lam**2)**0.5 * dh**0.5)
+            mixed = mixed / ((1 + (n - 1) * lam**2) ** 0.5 * dh**0.5)
             value = vs[b]
         else:
-            def join(t):
+
+            def join(t, b=b):
                 return t[b] + lam * sum(t[c] for c in range(n) if c != b)
+
             mixed = join(qs) @ join(ks).transpose(-1, -2) / ((1 + (n - 1) * lam**2) * dh**0.5)
             value = join(vs)
         if valid is not None:
@@ -104,10 +118,11 @@ def reference_windows(attn, u, lam, hw, ws):
     out = torch.empty_like(grid)
     for i in range(0, H, ws):
         for j in range(0, W, ws):
-            window = grid[:, i:i + ws, j:j + ws]
+            window = grid[:, i : i + ws, j : j + ws]
             h, w = window.shape[1:3]
-            out[:, i:i + ws, j:j + ws] = reference_attention(
-                attn, window.reshape(B, h * w, d), lam).view(B, h, w, d)
+            out[:, i : i + ws, j : j + ws] = reference_attention(
+                attn, window.reshape(B, h * w, d), lam
+            ).view(B, h, w, d)
     return out.view(B, N, d)
 
 
@@ -133,10 +148,11 @@ def paper_eq67_attention(attn, u):
     br = attn.branch_state_dicts()
     logits = 0
     for s in br:
-        q, k, _ = (u @ s['qkv.weight'].T + s['qkv.bias']).view(B, N, 3, H, dh) \
-            .permute(2, 0, 3, 1, 4)
+        q, k, _ = (
+            (u @ s['qkv.weight'].T + s['qkv.bias']).view(B, N, 3, H, dh).permute(2, 0, 3, 1, 4)
+        )
         logits = logits + q @ k.transpose(-1, -2)
-    S = (logits / (n * dh)**0.5).softmax(-1)
+    S = (logits / (n * dh) ** 0.5).softmax(-1)
     w_qkv = sum(s['qkv.weight'] for s in br)
     b_qkv = sum(s['qkv.bias'] for s in br)
     v = (u @ w_qkv.T + b_qkv).view(B, N, 3, H, dh).permute(2, 0, 3, 1, 4)[2]
@@ -152,10 +168,16 @@ def branch_first_fold(blk):
     br = blk.attn.branch_state_dicts()
     d = blk.embed_dims
     with torch.no_grad():
-        folded.attn.qkv.weight.copy_(torch.cat(
-            [torch.cat([s['qkv.weight'][i * d:(i + 1) * d] for s in br]) for i in range(3)]))
-        folded.attn.qkv.bias.copy_(torch.cat(
-            [torch.cat([s['qkv.bias'][i * d:(i + 1) * d] for s in br]) for i in range(3)]))
+        folded.attn.qkv.weight.copy_(
+            torch.cat(
+                [torch.cat([s['qkv.weight'][i * d : (i + 1) * d] for s in br]) for i in range(3)]
+            )
+        )
+        folded.attn.qkv.bias.copy_(
+            torch.cat(
+                [torch.cat([s['qkv.bias'][i * d : (i + 1) * d] for s in br]) for i in range(3)]
+            )
+        )
         folded.attn.proj.weight.copy_(torch.cat([s['proj.weight'] for s in br], dim=1))
     return folded
 
@@ -189,12 +211,15 @@ def test_joined_forward_at_one_has_the_gradients_of_the_general_formula(join):
         return out.detach(), [p.grad.clone() for p in attn.parameters()]
 
     fast, g_fast = grads(lambda: attn(x))
-    general = (lambda: attn.branch_proj(attn._joined_logits(x, None))) if join == 'logits' \
+    general = (
+        (lambda: attn.branch_proj(attn._joined_logits(x, None)))
+        if join == 'logits'
         else (lambda: attn.branch_proj(attn._per_branch(x, None, joined_qkv=True)))
+    )
     slow, g_slow = grads(general)
     assert rel_err(fast, slow) < 1e-12
     assert all(rel_err(a, b) < 1e-11 for a, b in zip(g_fast, g_slow))
-    ffn = randomized(JoinedFFN(12, 2., 3, join_lambda=1.0).to(F64))
+    ffn = randomized(JoinedFFN(12, 2.0, 3, join_lambda=1.0).to(F64))
     y = torch.randn(2, 7, 12, dtype=F64, requires_grad=True)
     fast = torch.autograd.grad(ffn(y).pow(2).sum(), [y, *ffn.parameters()])
     slow = torch.autograd.grad(ffn._branches(y, joined=True).pow(2).sum(), [y, *ffn.parameters()])
@@ -205,8 +230,9 @@ def test_independent_branches_are_timm_attentions_and_mlps():
     """λ = 0: the sub-layers are sums of n ordinary timm Attention / Mlp modules."""
     from timm.layers import Mlp
     from timm.models.vision_transformer import Attention
+
     attn = randomized(JoinedAttention(12, 3, 3, join_lambda=0.0).to(F64))
-    ffn = randomized(JoinedFFN(12, 4., 3, join_lambda=0.0).to(F64))
+    ffn = randomized(JoinedFFN(12, 4.0, 3, join_lambda=0.0).to(F64))
     x = torch.randn(2, 8, 12, dtype=F64)
     ref_attn, ref_ffn = 0, 0
     for s in attn.branch_state_dicts():
@@ -223,13 +249,15 @@ def test_independent_branches_are_timm_attentions_and_mlps():
 
 def test_stacked_layouts_round_trip():
     attn = JoinedAttention(12, 3, 3)
-    ffn = JoinedFFN(12, 4., 3)
-    for layer, stack, unstack in ((attn, functools.partial(stack_attention_branches,
-                                                            num_heads=3),
-                                   functools.partial(unstack_attention_branches, num_heads=3,
-                                                     num_branches=3)),
-                                  (ffn, stack_ffn_branches,
-                                   functools.partial(unstack_ffn_branches, num_branches=3))):
+    ffn = JoinedFFN(12, 4.0, 3)
+    for layer, stack, unstack in (
+        (
+            attn,
+            functools.partial(stack_attention_branches, num_heads=3),
+            functools.partial(unstack_attention_branches, num_heads=3, num_branches=3),
+        ),
+        (ffn, stack_ffn_branches, functools.partial(unstack_ffn_branches, num_branches=3)),
+    ):
         state = {k: v for k, v in layer.state_dict().items() if k != 'join_lambda'}
         again = stack(unstack(state))
         assert state.keys() == again.keys()
@@ -254,14 +282,13 @@ def test_branches_start_as_independent_linears():
     attn = JoinedAttention(48, 4, 2)
     attn.reset_branch_parameters('xavier_uniform')
     first, second = attn.branch_state_dicts()
-    bound = (6 / (48 + 3 * 48))**0.5  # one branch's qkv is (3d, d), not (3nd, d)
+    bound = (6 / (48 + 3 * 48)) ** 0.5  # one branch's qkv is (3d, d), not (3nd, d)
     assert 0.9 * bound < first['qkv.weight'].abs().max() <= bound
     assert not torch.equal(first['qkv.weight'], second['qkv.weight'])
     assert not torch.equal(first['proj.weight'], second['proj.weight'])
-    ffn = JoinedFFN(16, 4., 3)
+    ffn = JoinedFFN(16, 4.0, 3)
     ffn.reset_branch_parameters('trunc_normal', std=0.02)
-    assert all(abs(s['fc2.weight'].std().item() - 0.02) < 0.004
-               for s in ffn.branch_state_dicts())
+    assert all(abs(s['fc2.weight'].std().item() - 0.02) < 0.004 for s in ffn.branch_state_dicts())
 
 
 @pytest.mark.parametrize('join', JOINS)
@@ -288,11 +315,20 @@ def test_the_branch_forward_at_one_does_not_use_the_fold_arithmetic(join, n, mon
 
 
 @settings(max_examples=40, deadline=None)
-@given(join=st.sampled_from(JOINS), heads=st.integers(1, 3), head_dim=st.integers(2, 6),
-       n=st.integers(1, 4), tokens=st.integers(1, 40), cls_token=st.booleans(),
-       padding=st.booleans(), window=st.sampled_from([None, 2, 3]), seed=st.integers(0, 99))
-def test_fold_is_exact_at_lambda_one(join, heads, head_dim, n, tokens, cls_token, padding,
-                                     window, seed):
+@given(
+    join=st.sampled_from(JOINS),
+    heads=st.integers(1, 3),
+    head_dim=st.integers(2, 6),
+    n=st.integers(1, 4),
+    tokens=st.integers(1, 40),
+    cls_token=st.booleans(),
+    padding=st.booleans(),
+    window=st.sampled_from([None, 2, 3]),
+    seed=st.integers(0, 99),
+)
+def test_fold_is_exact_at_lambda_one(
+    join, heads, head_dim, n, tokens, cls_token, padding, window, seed
+):
     d = heads * head_dim
     g = torch.Generator().manual_seed(seed)
     if window is None:
@@ -324,22 +360,35 @@ def test_folded_shapes(join):
     blk.reparameterize()
     w = 36 if join == 'logits' else 12
     assert dict((k, tuple(v.shape)) for k, v in blk.state_dict().items()) == {
-        'norm1.weight': (12, ), 'norm1.bias': (12, ), 'norm2.weight': (12, ),
-        'norm2.bias': (12, ), 'attn.qkv.weight': (3 * w, 12), 'attn.qkv.bias': (3 * w, ),
-        'attn.proj.weight': (12, w), 'attn.proj.bias': (12, ), 'mlp.fc1.weight': (48, 12),
-        'mlp.fc1.bias': (48, ), 'mlp.fc2.weight': (12, 48), 'mlp.fc2.bias': (12, )}
+        'norm1.weight': (12,),
+        'norm1.bias': (12,),
+        'norm2.weight': (12,),
+        'norm2.bias': (12,),
+        'attn.qkv.weight': (3 * w, 12),
+        'attn.qkv.bias': (3 * w,),
+        'attn.proj.weight': (12, w),
+        'attn.proj.bias': (12,),
+        'mlp.fc1.weight': (48, 12),
+        'mlp.fc1.bias': (48,),
+        'mlp.fc2.weight': (12, 48),
+        'mlp.fc2.bias': (12,),
+    }
     assert blk.attn.num_heads == 3  # logits: 3 heads of width 3·4, not 9 heads of 4
 
 
 @pytest.mark.parametrize('join', JOINS)
 def test_single_branch_folds_to_a_timm_vit_block(join):
     from timm.models.vision_transformer import Block
+
     blk = block(d=12, heads=3, n=1, join=join, lam=0.0)  # one branch: λ plays no part
     x = torch.randn(2, 10, 12, dtype=F64)
     ref = blk(x)
     blk.reparameterize()
-    timm_block = Block(12, 3, qkv_bias=True,
-                       norm_layer=functools.partial(nn.LayerNorm, eps=1e-6)).to(F64).eval()
+    timm_block = (
+        Block(12, 3, qkv_bias=True, norm_layer=functools.partial(nn.LayerNorm, eps=1e-6))
+        .to(F64)
+        .eval()
+    )
     timm_block.load_state_dict(blk.state_dict())  # strict: the same keys and shapes
     assert rel_err(timm_block(x), ref) <= 1e-12
 
@@ -412,28 +461,34 @@ def block_macs(n, w=None, folded=True, full=True, d=D, N=N197):
     return n * (block_macs(1, d, d=d, N=N, full=full) - 10 * N * d) + 10 * N * d
 
 
-@pytest.mark.parametrize('n, params_train, params_logits, params_qkv, macs', [
-    (2, 5_712_808, 3_936_424, 3_048_232, ((1077.1, 1256.0), (728.5, 907.4), (554.2, 643.7))),
-    (3, 5_711_272, 3_342_760, 2_158_504, ((1076.4, 1255.2), (611.6, 790.4), (379.2, 438.8))),
-    (4, 5_710_504, 3_045_928, 1_713_640, ((1076.0, 1254.8), (553.1, 731.9), (291.7, 336.4))),
-])
+@pytest.mark.parametrize(
+    'n, params_train, params_logits, params_qkv, macs',
+    [
+        (2, 5_712_808, 3_936_424, 3_048_232, ((1077.1, 1256.0), (728.5, 907.4), (554.2, 643.7))),
+        (3, 5_711_272, 3_342_760, 2_158_504, ((1076.4, 1255.2), (611.6, 790.4), (379.2, 438.8))),
+        (4, 5_710_504, 3_045_928, 1_713_640, ((1076.0, 1254.8), (553.1, 731.9), (291.7, 336.4))),
+    ],
+)
 def test_vit_tiny_block_sizes_match_spec(n, params_train, params_logits, params_qkv, macs):
     """Parameters and MACs ("full", mmrepa's complexity with SDPA) of one ViT-Tiny block
     (192 dims, 12 heads, N = 197) before and after folding equal §7.7's formulas exactly;
     12 / n blocks plus the fixed parts give §7.7's model table."""
     depth = 12 // n
     x = torch.randn(1, N197, D)
-    for join, w, model_params, model_macs in (('logits', n * D, params_logits, macs[1]),
-                                              ('qkv', D, params_qkv, macs[2])):
+    for join, w, model_params, model_macs in (
+        ('logits', n * D, params_logits, macs[1]),
+        ('qkv', D, params_qkv, macs[2]),
+    ):
         blk = JoinedBlock(D, HEADS, n, join, join_lambda=0.0).eval()
-        before = complexity(blk, (x, ))
-        assert before == dict(params=block_params(n, folded=False),
-                              macs=block_macs(n, folded=False))
+        before = complexity(blk, (x,))
+        assert before == dict(
+            params=block_params(n, folded=False), macs=block_macs(n, folded=False)
+        )
         blk.set_join_lambda(1.0)
         blk.reparameterize()
-        after = complexity(blk, (x, ))
+        after = complexity(blk, (x,))
         assert after == dict(params=block_params(n, w), macs=block_macs(n, w))
-        assert after == complexity(JoinedBlock(D, HEADS, n, join, deploy=True).eval(), (x, ))
+        assert after == complexity(JoinedBlock(D, HEADS, n, join, deploy=True).eval(), (x,))
         # the model table of §7.7 (MACs in millions, as rounded there)
         assert depth * before['params'] + FIXED_PARAMS == params_train
         assert depth * after['params'] + FIXED_PARAMS == model_params
@@ -455,8 +510,9 @@ def test_deploy_builds_the_folded_structure(join, n):
     ref = folded(x)
     folded.reparameterize()
     built = JoinedBlock(12, 3, n, join, deploy=True).to(F64)
-    assert {k: v.shape for k, v in built.state_dict().items()} == \
-        {k: v.shape for k, v in folded.state_dict().items()}
+    assert {k: v.shape for k, v in built.state_dict().items()} == {
+        k: v.shape for k, v in folded.state_dict().items()
+    }
     built.load_state_dict(folded.state_dict())  # strict
     assert rel_err(built(x), ref) <= 1e-12
     with pytest.raises(ValueError, match='folded'):
@@ -472,7 +528,7 @@ def test_a_checkpoint_of_the_other_form_is_refused(join):
         folded.load_state_dict(unfolded.state_dict())
     with pytest.raises(CheckpointError, match='folded weights'):
         unfolded.load_state_dict(folded.state_dict())
-    for cls, args in ((JoinedAttention, (12, 2, 2, join)), (JoinedFFN, (12, 4., 2))):
+    for cls, args in ((JoinedAttention, (12, 2, 2, join)), (JoinedFFN, (12, 4.0, 2))):
         training, deployed = cls(*args), cls(*args, deploy=True)
         with pytest.raises(CheckpointError):
             deployed.load_state_dict(training.state_dict())

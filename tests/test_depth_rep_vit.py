@@ -2,6 +2,7 @@
 (classification and dense outputs, windows with padding), parity with mmpretrain's and timm's
 ViT at one branch, checkpoint conversion and its head-count check, the diversity loss, and the
 options users know from mmpretrain and mmdet."""
+
 import copy
 import functools
 import json
@@ -69,12 +70,15 @@ def spec_block_macs(n_attn_width, ffn_copies, N=197, d=192):
     return N * d * 3 * w + N * w * d + 8 * N * d * d * ffn_copies + 10 * N * d + 2 * N * N * w
 
 
-@pytest.mark.parametrize('n, train, logits, qkv', [
-    (1, 5_717_416, 5_717_416, 5_717_416),
-    (2, 5_712_808, 3_936_424, 3_048_232),
-    (3, 5_711_272, 3_342_760, 2_158_504),
-    (4, 5_710_504, 3_045_928, 1_713_640),
-])
+@pytest.mark.parametrize(
+    'n, train, logits, qkv',
+    [
+        (1, 5_717_416, 5_717_416, 5_717_416),
+        (2, 5_712_808, 3_936_424, 3_048_232),
+        (3, 5_711_272, 3_342_760, 2_158_504),
+        (4, 5_710_504, 3_045_928, 1_713_640),
+    ],
+)
 def test_vit_tiny_sizes_equal_spec_before_and_after_folding(n, train, logits, qkv):
     """ViT-Tiny (12 heads) at 224²: parameters exactly §7.7's table (with its head), MACs
     exactly §7.7's formula ("full": attention matmuls included), and 12 / n blocks left."""
@@ -83,11 +87,11 @@ def test_vit_tiny_sizes_equal_spec_before_and_after_folding(n, train, logits, qk
     fixed = 196 * 768 * 192 + 5 * 192  # patch embedding + fc_norm
     for join, folded_params, width in (('logits', logits, n * d), ('qkv', qkv, d)):
         model = DepthRepViT('tiny', num_branches=n, join=join).eval()
-        before = complexity(model, (x, ))
+        before = complexity(model, (x,))
         assert before['params'] + HEAD_PARAMS == train
         assert before['macs'] == fixed + depth * spec_block_macs(n * d, n)
         joined(model).reparameterize()
-        after = complexity(model, (x, ))
+        after = complexity(model, (x,))
         assert after['params'] + HEAD_PARAMS == folded_params
         assert after['macs'] == fixed + depth * spec_block_macs(width, 1)
         assert len(model.stages) == depth
@@ -98,8 +102,11 @@ def test_whole_model_macs_round_to_the_spec_table():
     """The formula above, with the head, gives §7.7's MACs column (in millions)."""
     fixed = 196 * 768 * 192 + 5 * 192 + HEAD_MACS
     assert round((fixed + 12 * spec_block_macs(192, 1)) / 1e6, 1) == 1258.2
-    for n, train, logits, qkv in ((2, 1256.0, 907.4, 643.7), (3, 1255.2, 790.4, 438.8),
-                                  (4, 1254.8, 731.9, 336.4)):
+    for n, train, logits, qkv in (
+        (2, 1256.0, 907.4, 643.7),
+        (3, 1255.2, 790.4, 438.8),
+        (4, 1254.8, 731.9, 336.4),
+    ):
         depth = 12 // n
         assert round((fixed + depth * spec_block_macs(n * 192, n)) / 1e6, 1) == train
         assert round((fixed + depth * spec_block_macs(n * 192, 1)) / 1e6, 1) == logits
@@ -122,8 +129,14 @@ def test_depth_or_num_branches():
 # ----------------------------------------------------------------------- the fold
 
 
-DENSE = dict(with_cls_token=False, out_type='featmap', window_size=3, global_blocks=(1, ),
-             out_indices=(0, 1), img_size=64)
+DENSE = dict(
+    with_cls_token=False,
+    out_type='featmap',
+    window_size=3,
+    global_blocks=(1,),
+    out_indices=(0, 1),
+    img_size=64,
+)
 
 
 def joined_formula(model):
@@ -144,8 +157,10 @@ def _block_by_formula(block, x, hw_shape=None):
 
 @pytest.mark.parametrize('join', JOINS)
 @pytest.mark.parametrize('n', [2, 4])
-@pytest.mark.parametrize('kind, size', [('avg', (64, 64)), ('cls', (48, 80)),
-                                        ('featmap', (200, 328)), ('featmap', (81, 47))])
+@pytest.mark.parametrize(
+    'kind, size',
+    [('avg', (64, 64)), ('cls', (48, 80)), ('featmap', (200, 328)), ('featmap', (81, 47))],
+)
 def test_fold_equals_the_joined_formula(join, n, kind, size):
     """float64, every parameter random: the folded backbone (n times shallower) equals the
     joined one computed branch by branch to 1e-10 relative, for pooled outputs and for dense
@@ -195,8 +210,9 @@ def test_deploy_builds_the_folded_model(join):
     model.reparameterize()
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     deployed = DepthRepViT(SMALL, num_branches=2, join=join, img_size=64, deploy=True)
-    assert {k: v.shape for k, v in deployed.state_dict().items()} == \
-        {k: v.shape for k, v in state.items()}
+    assert {k: v.shape for k, v in deployed.state_dict().items()} == {
+        k: v.shape for k, v in state.items()
+    }
     deployed.to(F64).load_state_dict(state, strict=True)
     x = torch.randn(1, 3, 64, 64, dtype=F64)
     with torch.no_grad():
@@ -208,10 +224,15 @@ def test_deploy_builds_the_folded_model(join):
 
 def mmpretrain_vit(out_type, heads=4, layers=4, final_norm=None):
     from mmpretrain.models import VisionTransformer
+
     arch = dict(embed_dims=24, num_layers=layers, num_heads=heads, feedforward_channels=96)
-    return VisionTransformer(arch=arch, img_size=64, patch_size=16, out_type=out_type,
-                             final_norm=out_type == 'cls_token' if final_norm is None
-                             else final_norm)
+    return VisionTransformer(
+        arch=arch,
+        img_size=64,
+        patch_size=16,
+        out_type=out_type,
+        final_norm=out_type == 'cls_token' if final_norm is None else final_norm,
+    )
 
 
 def save(tmp_path, state_dict, cfg_backbone=None, name='ckpt.pth'):
@@ -232,12 +253,18 @@ def test_single_branch_equals_mmpretrain_vit(tmp_path, out_type, theirs):
     ref = randomized(mmpretrain_vit(theirs))
     state = {f'backbone.{k}': v for k, v in ref.state_dict().items()}
     state['head.fc.weight'] = torch.zeros(10, 24, dtype=F64)
-    backbone_cfg = dict(type='VisionTransformer',
-                        arch=dict(embed_dims=24, num_layers=4, num_heads=4,
-                                  feedforward_channels=96))
+    backbone_cfg = dict(
+        type='VisionTransformer',
+        arch=dict(embed_dims=24, num_layers=4, num_heads=4, feedforward_channels=96),
+    )
     path = save(tmp_path, state, backbone_cfg)
-    model = DepthRepViT(SMALL, num_branches=1, img_size=64, out_type=out_type,
-                        init_cfg=dict(type='Pretrained', checkpoint=path)).to(F64)
+    model = DepthRepViT(
+        SMALL,
+        num_branches=1,
+        img_size=64,
+        out_type=out_type,
+        init_cfg=dict(type='Pretrained', checkpoint=path),
+    ).to(F64)
     model.init_weights()
     model.eval()
     # mmpretrain interpolates the position embedding in float32, mmrepa in the model's dtype
@@ -250,28 +277,49 @@ def test_single_branch_equals_mmpretrain_vit(tmp_path, out_type, theirs):
 def test_single_branch_equals_timm_vit(tmp_path):
     timm = pytest.importorskip('timm')
     ref = timm.models.vision_transformer.VisionTransformer(
-        img_size=64, patch_size=16, embed_dim=24, depth=4, num_heads=4, global_pool='avg',
-        num_classes=0)
+        img_size=64,
+        patch_size=16,
+        embed_dim=24,
+        depth=4,
+        num_heads=4,
+        global_pool='avg',
+        num_classes=0,
+    )
     ref = randomized(ref)
     path = save(tmp_path, ref.state_dict())
-    model = DepthRepViT(SMALL, num_branches=1, img_size=64,
-                        init_cfg=dict(type='Pretrained', checkpoint=path, num_heads=4)).to(F64)
+    model = DepthRepViT(
+        SMALL,
+        num_branches=1,
+        img_size=64,
+        init_cfg=dict(type='Pretrained', checkpoint=path, num_heads=4),
+    ).to(F64)
     model.init_weights()
     x = torch.randn(2, 3, 64, 64, dtype=F64)
     with torch.no_grad():
-        assert rel_err(model.eval()(x), (ref(x), )) <= 1e-10
+        assert rel_err(model.eval()(x), (ref(x),)) <= 1e-10
 
 
 def test_a_deeper_vit_initializes_the_branches(tmp_path):
     """4 layers -> 2 blocks x 2 branches: layer k·n + b is block k's branch b, the shared
     norms are layer k·n's; the dense model drops the class token's position and resizes."""
     ref = randomized(mmpretrain_vit('avg_featmap'))
-    path = save(tmp_path, ref.state_dict(), num_heads_cfg := dict(
-        type='VisionTransformer', arch=dict(embed_dims=24, num_layers=4, num_heads=4,
-                                            feedforward_channels=96)))
+    path = save(
+        tmp_path,
+        ref.state_dict(),
+        num_heads_cfg := dict(
+            type='VisionTransformer',
+            arch=dict(embed_dims=24, num_layers=4, num_heads=4, feedforward_channels=96),
+        ),
+    )
     assert num_heads_cfg['type'] == 'VisionTransformer'
-    model = DepthRepViT(SMALL, num_branches=2, with_cls_token=False, out_type='featmap',
-                        img_size=96, init_cfg=dict(type='Pretrained', checkpoint=path))
+    model = DepthRepViT(
+        SMALL,
+        num_branches=2,
+        with_cls_token=False,
+        out_type='featmap',
+        img_size=96,
+        init_cfg=dict(type='Pretrained', checkpoint=path),
+    )
     model.to(F64).init_weights()
     for k in range(2):
         block = model.stages[k]
@@ -291,13 +339,15 @@ def test_head_count_is_checked(tmp_path):
     ref = mmpretrain_vit('avg_featmap', heads=3)
     cfg = dict(type='VisionTransformer', arch='deit-tiny')  # mmpretrain's 3-head ViT-Tiny
     path = save(tmp_path, ref.state_dict(), cfg)
-    model = DepthRepViT(SMALL, num_branches=1, img_size=64,
-                        init_cfg=dict(type='Pretrained', checkpoint=path))
+    model = DepthRepViT(
+        SMALL, num_branches=1, img_size=64, init_cfg=dict(type='Pretrained', checkpoint=path)
+    )
     with pytest.raises(CheckpointError, match='3 attention heads .* 4'):
         model.init_weights()
     bare = save(tmp_path, ref.state_dict(), name='bare.pth')
-    model = DepthRepViT(SMALL, num_branches=1, img_size=64,
-                        init_cfg=dict(type='Pretrained', checkpoint=bare))
+    model = DepthRepViT(
+        SMALL, num_branches=1, img_size=64, init_cfg=dict(type='Pretrained', checkpoint=bare)
+    )
     with pytest.raises(CheckpointError, match='num_heads=H'):
         model.init_weights()
     model.init_cfg['num_heads'] = 4
@@ -306,8 +356,12 @@ def test_head_count_is_checked(tmp_path):
 
 def test_a_checkpoint_of_another_depth_is_refused(tmp_path):
     path = save(tmp_path, mmpretrain_vit('avg_featmap', layers=2).state_dict())
-    model = DepthRepViT(SMALL, num_branches=1, img_size=64,
-                        init_cfg=dict(type='Pretrained', checkpoint=path, num_heads=4))
+    model = DepthRepViT(
+        SMALL,
+        num_branches=1,
+        img_size=64,
+        init_cfg=dict(type='Pretrained', checkpoint=path, num_heads=4),
+    )
     with pytest.raises(CheckpointError, match='2 transformer layers.* needs 4'):
         model.init_weights()
 
@@ -341,11 +395,15 @@ def test_diversity_loss_is_the_mean_pairwise_cosine_squared():
     single = []
     for branch in attn.branch_state_dicts():
         one = type(attn)(24, 4, 1, join='logits').to(F64)
-        one.load_state_dict({'branch_qkv.weight': branch['qkv.weight'],
-                             'branch_qkv.bias': branch['qkv.bias'],
-                             'branch_proj.weight': branch['proj.weight'],
-                             'branch_proj.bias': branch['proj.bias'][None],
-                             'join_lambda': torch.tensor(0.0)})
+        one.load_state_dict(
+            {
+                'branch_qkv.weight': branch['qkv.weight'],
+                'branch_qkv.bias': branch['qkv.bias'],
+                'branch_proj.weight': branch['proj.weight'],
+                'branch_proj.bias': branch['proj.bias'][None],
+                'join_lambda': torch.tensor(0.0),
+            }
+        )
         single.append(one(u))
     cos = torch.nn.functional.cosine_similarity(single[0], single[1], dim=-1)
     attn(u)
@@ -394,8 +452,12 @@ def test_frozen_stages_zero_freezes_the_embeddings_only(fold):
     if fold:
         model.switch_to_deploy()
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    assert frozen == {'cls_token', 'pos_embed', 'patch_embed.projection.weight',
-                      'patch_embed.projection.bias'}
+    assert frozen == {
+        'cls_token',
+        'pos_embed',
+        'patch_embed.projection.weight',
+        'patch_embed.projection.bias',
+    }
     assert not model.patch_embed.training and model.stages[0].training
 
 
@@ -407,23 +469,33 @@ def test_layer_wise_lr_decay_in_mmpretrain():
 
     # whatever default scope an earlier test in this process left (mmdet's has no classifier)
     with DefaultScope.overwrite_default_scope('mmpretrain'):
-        classifier = MODELS.build(dict(
-            type='ImageClassifier',
-            backbone=dict(type='DepthRepViT', arch=SMALL, num_branches=2, img_size=64),
-            head=dict(type='LinearClsHead', num_classes=3, in_channels=24)))
-        constructor = OPTIM_WRAPPER_CONSTRUCTORS.build(dict(
-            type='LearningRateDecayOptimWrapperConstructor',
-            optim_wrapper_cfg=dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1.0,
-                                                                       weight_decay=0.05)),
-            paramwise_cfg=dict(layer_decay_rate=0.5)))
+        classifier = MODELS.build(
+            dict(
+                type='ImageClassifier',
+                backbone=dict(type='DepthRepViT', arch=SMALL, num_branches=2, img_size=64),
+                head=dict(type='LinearClsHead', num_classes=3, in_channels=24),
+            )
+        )
+        constructor = OPTIM_WRAPPER_CONSTRUCTORS.build(
+            dict(
+                type='LearningRateDecayOptimWrapperConstructor',
+                optim_wrapper_cfg=dict(
+                    type='OptimWrapper', optimizer=dict(type='AdamW', lr=1.0, weight_decay=0.05)
+                ),
+                paramwise_cfg=dict(layer_decay_rate=0.5),
+            )
+        )
     groups = constructor(classifier).optimizer.param_groups
     lr = {}
     for group in groups:
         for p in group['params']:
             lr[id(p)] = group['lr']
     named = dict(classifier.named_parameters())
-    assert lr[id(named['backbone.stages.1.attn.branch_qkv.weight'])] == \
-        lr[id(named['backbone.stages.1.mlp.branch_fc2.bias'])] == 0.5
+    assert (
+        lr[id(named['backbone.stages.1.attn.branch_qkv.weight'])]
+        == lr[id(named['backbone.stages.1.mlp.branch_fc2.bias'])]
+        == 0.5
+    )
     assert lr[id(named['backbone.stages.0.attn.branch_qkv.weight'])] == 0.25
     assert lr[id(named['backbone.pos_embed'])] == 0.125
     assert lr[id(named['head.fc.weight'])] == 1.0
@@ -444,6 +516,7 @@ def test_registered_for_every_task():
     from mmdet.registry import MODELS as DET
     from mmpretrain.registry import MODELS as CLS
     from mmseg.registry import MODELS as SEG
+
     for registry in (DET, SEG, CLS):
         model = registry.build(dict(type='DepthRepViT', arch=SMALL, depth=2, **DENSE))
         assert isinstance(model, DepthRepViT)
@@ -455,8 +528,14 @@ def test_bad_options_name_themselves():
     with pytest.raises(ValueError, match='out_type'):
         DepthRepViT(SMALL, num_branches=2, out_type='tokens')
     with pytest.raises(ValueError, match=r'global_blocks \[5\]'):
-        DepthRepViT(SMALL, num_branches=2, with_cls_token=False, window_size=3,
-                    out_type='featmap', global_blocks=(5, ))
+        DepthRepViT(
+            SMALL,
+            num_branches=2,
+            with_cls_token=False,
+            window_size=3,
+            out_type='featmap',
+            global_blocks=(5,),
+        )
 
 
 def test_a_classifier_checkpoint_initializes_the_dense_backbone(tmp_path):
@@ -464,21 +543,30 @@ def test_a_classifier_checkpoint_initializes_the_dense_backbone(tmp_path):
     position are dropped, the grid resized; the rest loads, the classifier's output norm into
     the same block's output norm."""
     classifier = randomized(DepthRepViT(SMALL, num_branches=2, img_size=64))
-    path = save(tmp_path, {f'backbone.{k}': v for k, v in classifier.state_dict().items()},
-                dict(type='DepthRepViT', arch=SMALL, num_branches=2))
-    dense = DepthRepViT(SMALL, num_branches=2, img_size=96, with_cls_token=False,
-                        out_type='featmap', window_size=3,
-                        init_cfg=dict(type='Pretrained', checkpoint=path)).to(F64)
+    path = save(
+        tmp_path,
+        {f'backbone.{k}': v for k, v in classifier.state_dict().items()},
+        dict(type='DepthRepViT', arch=SMALL, num_branches=2),
+    )
+    dense = DepthRepViT(
+        SMALL,
+        num_branches=2,
+        img_size=96,
+        with_cls_token=False,
+        out_type='featmap',
+        window_size=3,
+        init_cfg=dict(type='Pretrained', checkpoint=path),
+    ).to(F64)
     report = dense.load_pretrained(path)
     assert report.missing == []
     assert report.unexpected == ['cls_token']
-    assert torch.equal(dense.stages[1].attn.branch_qkv.weight,
-                       classifier.stages[1].attn.branch_qkv.weight)
+    assert torch.equal(
+        dense.stages[1].attn.branch_qkv.weight, classifier.stages[1].attn.branch_qkv.weight
+    )
     assert dense.pos_embed.shape == (1, 36, 24)
     # the class token's entry (the first) is dropped, the 4x4 grid resized to 6x6
     grid = classifier.pos_embed[:, 1:].reshape(1, 4, 4, 24).permute(0, 3, 1, 2)
-    grid = torch.nn.functional.interpolate(grid, size=(6, 6), mode='bicubic',
-                                           align_corners=False)
+    grid = torch.nn.functional.interpolate(grid, size=(6, 6), mode='bicubic', align_corners=False)
     assert torch.equal(dense.pos_embed, grid.flatten(2).transpose(1, 2))
 
 
@@ -491,9 +579,12 @@ def test_a_class_token_checkpoint_drops_the_class_tokens_position(tmp_path, layo
     if layout == 'timm':  # one branch folds into timm's block names
         folded = copy.deepcopy(source)
         folded.reparameterize()
-        state = {k.replace('stages.', 'blocks.').replace('patch_embed.projection.',
-                                                         'patch_embed.proj.'): v
-                 for k, v in folded.state_dict().items()}
+        state = {
+            k.replace('stages.', 'blocks.').replace(
+                'patch_embed.projection.', 'patch_embed.proj.'
+            ): v
+            for k, v in folded.state_dict().items()
+        }
     path = save(tmp_path, state)
     model = DepthRepViT(SMALL, num_branches=1, img_size=64, with_cls_token=False).to(F64)
     model.load_pretrained(path, num_heads=SMALL['num_heads'])
@@ -511,13 +602,19 @@ def joined_classifier(tmp_path_factory):
     from mmengine.runner import Runner
 
     from .test_pretrain_handoff import tiny_classifier_config, write_images
+
     tmp = tmp_path_factory.mktemp('depthrep')
-    config = tiny_classifier_config('depthrep_vit_tiny_d6_8xb128_join_in1k.py',
-                                    dict(embed_dims=16, num_layers=12, num_heads=2),
-                                    write_images(str(tmp / 'data')), str(tmp / 'join.py'))
+    config = tiny_classifier_config(
+        'depthrep_vit_tiny_d6_8xb128_join_in1k.py',
+        dict(embed_dims=16, num_layers=12, num_heads=2),
+        write_images(str(tmp / 'data')),
+        str(tmp / 'join.py'),
+    )
     with open(config, 'a') as f:
-        f.write("load_from = None\ncustom_hooks = [dict(type='BranchJoinScheduleHook', "
-                "begin_iter=0, end_iter=2)]\n")
+        f.write(
+            "load_from = None\ncustom_hooks = [dict(type='BranchJoinScheduleHook', "
+            'begin_iter=0, end_iter=2)]\n'
+        )
     cfg = Config.fromfile(config)
     cfg.work_dir = str(tmp / 'work')
     runner = Runner.from_cfg(cfg)
@@ -526,18 +623,27 @@ def joined_classifier(tmp_path_factory):
     return config, str(tmp / 'work' / 'iter_4.pth')
 
 
-def test_test_tool_verifies_a_joined_checkpoint_and_refuses_one_mid_ramp(joined_classifier,
-                                                                         tmp_path):
+def test_test_tool_verifies_a_joined_checkpoint_and_refuses_one_mid_ramp(
+    joined_classifier, tmp_path
+):
     """tools/test.py --reparam folds a checkpoint whose λ reached 1 (same top-1, verified) and
     refuses one saved mid-ramp, naming the block and its λ; no metrics are written then."""
     from .conftest import run_script_here
     from .test_pretrain_handoff import ROOT, run_tool
+
     config, checkpoint = joined_classifier
     top1 = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
         out = tmp_path / f'{name}.json'
-        args = (config, checkpoint, '--work-dir', str(tmp_path / name), '--dump-metrics',
-                str(out), *flags)
+        args = (
+            config,
+            checkpoint,
+            '--work-dir',
+            str(tmp_path / name),
+            '--dump-metrics',
+            str(out),
+            *flags,
+        )
         if name == 'plain':
             run_script_here('tools/test.py', *args)
         else:  # the hook's log line is checked: a process of its own
@@ -553,9 +659,17 @@ def test_test_tool_verifies_a_joined_checkpoint_and_refuses_one_mid_ramp(joined_
     mid_ramp = tmp_path / 'mid_ramp.pth'
     torch.save(ckpt, mid_ramp)
     out = tmp_path / 'refused.json'
-    _, log = run_script_here('tools/test.py', config, str(mid_ramp), '--work-dir',
-                             str(tmp_path / 'refused'), '--reparam', '--dump-metrics', str(out),
-                             ok=False)
+    _, log = run_script_here(
+        'tools/test.py',
+        config,
+        str(mid_ramp),
+        '--work-dir',
+        str(tmp_path / 'refused'),
+        '--reparam',
+        '--dump-metrics',
+        str(out),
+        ok=False,
+    )
     assert re.search(r'stages\.0\.attn.*join_lambda = 0\.5', log), log[-2000:]
     assert not out.exists()
 
@@ -565,11 +679,14 @@ def test_the_dense_configs_load_the_joined_classifier(joined_classifier):
     joining run's checkpoint through init_cfg as it is; the head count comes from its config;
     the branches arrive unchanged, and λ = 1 with them."""
     from mmrepa.apis import build_model
+
     config, checkpoint = joined_classifier
     classifier = torch.load(checkpoint, map_location='cpu', weights_only=False)['state_dict']
-    for name in ('mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py',
-                 'retinanet_depthrep_vit_tiny_d6_1x_coco.py',
-                 'upernet_depthrep_vit_tiny_d6_512x512_160k_ade20k.py'):
+    for name in (
+        'mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py',
+        'retinanet_depthrep_vit_tiny_d6_1x_coco.py',
+        'upernet_depthrep_vit_tiny_d6_512x512_160k_ade20k.py',
+    ):
         cfg = Config.fromfile(f'{osp.dirname(osp.dirname(__file__))}/configs/{name}')
         cfg.model.backbone.arch = dict(embed_dims=16, num_layers=12, num_heads=2)
         cfg.model.backbone.init_cfg.checkpoint = checkpoint
@@ -577,6 +694,8 @@ def test_the_dense_configs_load_the_joined_classifier(joined_classifier):
         report = backbone.load_pretrained(checkpoint)
         assert report.unexpected == ['cls_token'], (name, report.unexpected)
         assert not report.missing, (name, report.missing)
-        assert torch.equal(backbone.stages[5].mlp.branch_fc1.weight,
-                           classifier['backbone.stages.5.mlp.branch_fc1.weight'])
+        assert torch.equal(
+            backbone.stages[5].mlp.branch_fc1.weight,
+            classifier['backbone.stages.5.mlp.branch_fc1.weight'],
+        )
         assert all(block.current_join_lambda == 1.0 for block in backbone.stages)

@@ -1,4 +1,5 @@
 """Real 2-process training and testing on the CPU (gloo), through tools/dist_*.sh."""
+
 import json
 import os
 import os.path as osp
@@ -27,8 +28,9 @@ def free_port():
 
 
 def run(*cmd, **env_vars):
-    env = dict(os.environ, PYTHON=sys.executable, PORT=str(free_port()), OMP_NUM_THREADS='1',
-               **env_vars)
+    env = dict(
+        os.environ, PYTHON=sys.executable, PORT=str(free_port()), OMP_NUM_THREADS='1', **env_vars
+    )
     proc = subprocess.run(['bash', *cmd], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     return proc.stdout + proc.stderr
@@ -82,10 +84,20 @@ def test_slurm_scripts_train_two_tasks_on_cpu_nodes(setup, tmp_path):
     work = str(tmp_path / 'slurm')
     fake = osp.join(ROOT, 'tests', 'fake_slurm')
     port = str(free_port())
-    run('tools/slurm_train.sh', 'cpu', 'mmrepa-test', config, work,
-        '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=100',
-        GPUS='2', GPUS_PER_NODE='0', MASTER_PORT=port,
-        PATH=fake + os.pathsep + os.environ['PATH'])
+    run(
+        'tools/slurm_train.sh',
+        'cpu',
+        'mmrepa-test',
+        config,
+        work,
+        '--cfg-options',
+        'train_cfg.max_epochs=1',
+        'train_cfg.val_interval=100',
+        GPUS='2',
+        GPUS_PER_NODE='0',
+        MASTER_PORT=port,
+        PATH=fake + os.pathsep + os.environ['PATH'],
+    )
     assert_ranks_identical(work)
 
 
@@ -93,16 +105,35 @@ def test_two_process_folded_test_matches_single_process(setup):
     root, config, work = setup
     ckpt = osp.join(work, 'epoch_2.pth')
     dist_out, single_out = str(root / 'dist.json'), str(root / 'single.json')
-    log = run('tools/dist_test.sh', config, ckpt, '2', '--work-dir', str(root / 'test2'),
-              '--reparam', '--latency-batches', '2', '--dump-metrics', dist_out)
+    log = run(
+        'tools/dist_test.sh',
+        config,
+        ckpt,
+        '2',
+        '--work-dir',
+        str(root / 'test2'),
+        '--reparam',
+        '--latency-batches',
+        '2',
+        '--dump-metrics',
+        dist_out,
+    )
     assert 'reparameterized the model for testing' in log
     # fold parity: the hook's check of the whole model's outputs on a test batch
     errors = [float(e) for e in re.findall(r'max relative error (\S+)', log)]
     assert errors and max(errors) < 1e-4, log[-3000:]
     # the single-process reference: tools/test.py's main() in this process (which imports
     # tests.dist_hooks as the config asks), without a subprocess's imports
-    run_script_here('tools/test.py', config, ckpt, '--work-dir', str(root / 'test1'), '--reparam',
-                    '--dump-metrics', single_out)
+    run_script_here(
+        'tools/test.py',
+        config,
+        ckpt,
+        '--work-dir',
+        str(root / 'test1'),
+        '--reparam',
+        '--dump-metrics',
+        single_out,
+    )
     dist, single = json.load(open(dist_out)), json.load(open(single_out))
     assert 'coco/bbox_mAP' in single
     assert dist == single  # the 2 ranks' results are gathered into one process's metric

@@ -1,6 +1,7 @@
 """The documentation: README.md and docs/ build strictly with Sphinx + MyST, every relative link
 points to a file that exists (and, for ``page.md#anchor``, to a heading of that page, with
 GitHub's anchors), and nothing cites a document that is not in the repository."""
+
 import os
 import os.path as osp
 import re
@@ -33,7 +34,9 @@ def prose_lines(text):
         m = FENCE.match(line)
         if fence is None and m:
             fence = m.group(1)
-        elif fence is not None and m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+        elif (
+            fence is not None and m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)
+        ):
             fence = None
         elif fence is None:
             yield number, line
@@ -42,9 +45,9 @@ def prose_lines(text):
 def github_anchor(heading):
     """The id GitHub gives a heading: its text, lower case, without punctuation but ``-`` and
     ``_``, spaces as ``-`` (MyST's ``myst_heading_anchors`` makes the same ones)."""
-    text = re.sub(r'!\[[^\]]*\]\([^)]*\)', '', heading)          # images
-    text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', text)          # links: their text
-    text = re.sub(r'<[^>]+>', '', text)                          # html tags
+    text = re.sub(r'!\[[^\]]*\]\([^)]*\)', '', heading)  # images
+    text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', text)  # links: their text
+    text = re.sub(r'<[^>]+>', '', text)  # html tags
     text = text.replace('`', '').replace('*', '')
     return re.sub(r'[^\w\- ]', '', text.strip().lower()).replace(' ', '-')
 
@@ -116,15 +119,18 @@ def test_every_relative_link_leads_somewhere():
 
 
 def test_the_link_check_finds_broken_links(tmp_path):
-    (tmp_path / 'other.md').write_text('# Other page\n\n## A `code` heading, twice\n\n'
-                                       '## A `code` heading, twice\n')
+    (tmp_path / 'other.md').write_text(
+        '# Other page\n\n## A `code` heading, twice\n\n## A `code` heading, twice\n'
+    )
     page = tmp_path / 'page.md'
-    page.write_text('# Page\n\n## Local heading\n\n'
-                    '[ok](other.md) [ok](other.md#a-code-heading-twice-1) [ok](#local-heading)\n'
-                    '[ok](https://example.org/nowhere) `[not a link](missing.md)`\n'
-                    '```\n[in code](missing.md)\n# not a heading\n```\n'
-                    '[bad](missing.md) [bad](other.md#nope) [bad](#not-a-heading)\n'
-                    '[ref]: missing-too.md\n')
+    page.write_text(
+        '# Page\n\n## Local heading\n\n'
+        '[ok](other.md) [ok](other.md#a-code-heading-twice-1) [ok](#local-heading)\n'
+        '[ok](https://example.org/nowhere) `[not a link](missing.md)`\n'
+        '```\n[in code](missing.md)\n# not a heading\n```\n'
+        '[bad](missing.md) [bad](other.md#nope) [bad](#not-a-heading)\n'
+        '[ref]: missing-too.md\n'
+    )
     problems = broken_links([str(page)])
     assert len(problems) == 4, problems
     for target in ('missing.md', 'other.md#nope', '#not-a-heading', 'missing-too.md'):
@@ -132,8 +138,10 @@ def test_the_link_check_finds_broken_links(tmp_path):
 
 
 def test_github_anchors():
-    assert github_anchor('4. Train on COCO, ADE20K or your own data') == \
-        '4-train-on-coco-ade20k-or-your-own-data'
+    assert (
+        github_anchor('4. Train on COCO, ADE20K or your own data')
+        == '4-train-on-coco-ade20k-or-your-own-data'
+    )
     assert github_anchor('Checkpoints and `weights_only`') == 'checkpoints-and-weights_only'
     assert github_anchor('INT8 (onnxruntime)') == 'int8-onnxruntime'
 
@@ -146,8 +154,9 @@ def test_no_reference_to_documents_outside_the_repository():
     hits = []
     for path in files:
         with open(path, encoding='utf-8', errors='replace') as f:
-            hits += [f'{osp.relpath(path, ROOT)}:{n}' for n, line in enumerate(f, 1)
-                     if 'SPEC' in line]
+            hits += [
+                f'{osp.relpath(path, ROOT)}:{n}' for n, line in enumerate(f, 1) if 'SPEC' in line
+            ]
     assert not hits, hits
 
 
@@ -156,13 +165,32 @@ def test_sphinx_build_is_strict_and_clean(tmp_path):
         try:
             __import__(module)
         except ImportError:
-            pytest.fail(f'{module} is not installed: requirements/docs.txt '
-                        '(tools/install_deps.sh PYTHON --tests, or make install-tests)')
+            pytest.fail(
+                f'{module} is not installed: requirements/docs.txt '
+                '(tools/install_deps.sh PYTHON --tests, or make install-tests)'
+            )
     out = tmp_path / 'html'
     proc = subprocess.run(
-        [sys.executable, '-m', 'sphinx', '-W', '--keep-going', '-n', '-q', '-b', 'html',
-         '-d', str(tmp_path / 'doctrees'), DOCS, str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            '-m',
+            'sphinx',
+            '-W',
+            '--keep-going',
+            '-n',
+            '-q',
+            '-b',
+            'html',
+            '-d',
+            str(tmp_path / 'doctrees'),
+            DOCS,
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert (out / 'index.html').is_file()
     assert (out / 'backbones' / 'repa_swin.html').is_file()

@@ -3,6 +3,7 @@ tool prints any of them as one line with exit status 1, and library code never e
 
 The tools run in this process (``run_script_here``) up to their error; nothing is trained.
 """
+
 import ast
 import importlib
 import inspect
@@ -15,7 +16,7 @@ import pytest
 import mmrepa
 import mmrepa.errors as errors
 from mmrepa.apis import one_line_errors
-from mmrepa.config_checks import explain
+from mmrepa.integrations.cli.config_checks import explain
 
 from .conftest import run_script_here
 
@@ -37,8 +38,11 @@ BUILTIN = {
 
 
 def error_classes(module):
-    return [c for _, c in inspect.getmembers(module, inspect.isclass)
-            if issubclass(c, BaseException) and c.__module__ == module.__name__]
+    return [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if issubclass(c, BaseException) and c.__module__ == module.__name__
+    ]
 
 
 def test_every_error_of_mmrepa_errors_is_an_mmrepa_error_and_its_old_builtin():
@@ -51,6 +55,7 @@ def test_every_error_of_mmrepa_errors_is_an_mmrepa_error_and_its_old_builtin():
     # FoldError lives in mmrepa.errors; the old import paths give the same class
     from mmrepa.fold import FoldError
     from mmrepa.fold.protocol import FoldError as ProtocolFoldError
+
     assert FoldError is ProtocolFoldError is mmrepa.FoldError is errors.FoldError
 
 
@@ -68,8 +73,7 @@ def test_every_error_class_defined_in_mmrepa_is_an_mmrepa_error():
     assert [c for c in found if not issubclass(c, errors.MMRepaError)] == []
 
 
-@pytest.mark.parametrize('kind', sorted(BUILTIN, key=lambda c: c.__name__) + [
-    errors.MMRepaError])
+@pytest.mark.parametrize('kind', sorted(BUILTIN, key=lambda c: c.__name__) + [errors.MMRepaError])
 def test_a_tool_prints_each_kind_as_one_line_with_status_1(kind):
     message = 'model.backbone.idle_ratio=1.5: idle_ratio must be in [0, 1]; set 0.75'
 
@@ -110,7 +114,7 @@ def test_one_line_errors_names_the_tool_once_and_keeps_bugs_as_tracebacks():
 # where a SystemExit is right: (file under mmrepa/, enclosing function) -> why
 ALLOWED_EXITS = {
     ('apis.py', 'one_line_errors'): "the tools' exit point: an MMRepaError becomes the exit "
-                                    'status there',
+    'status there',
     # SIGTERM / SIGHUP while an output is written: the exit the signal asks for, raised (and
     # kept through a library that turns it into its own error) so that the clean-up runs
     ('utils/files.py', 'handler'): 'the signal handler of raise_on_termination',
@@ -121,7 +125,7 @@ ALLOWED_EXITS = {
 def _exits(tree):
     """(line, enclosing function, code) of every ``raise SystemExit`` and every call of
     ``sys.exit``, ``os._exit`` or the built-in ``exit`` / ``quit`` (not a parameter of that
-    name: mmrepa/deploy/rewriters.py wraps a method called ``exit``)."""
+    name: mmrepa/integrations/mmdeploy/rewriters.py wraps a method called ``exit``)."""
     found = []
 
     def visit(node, function, params=frozenset()):
@@ -136,11 +140,17 @@ def _exits(tree):
                 hit = 'raise SystemExit'
         elif isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and (
-                    (func.value.id, func.attr) in (('sys', 'exit'), ('os', '_exit'))):
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and ((func.value.id, func.attr) in (('sys', 'exit'), ('os', '_exit')))
+            ):
                 hit = f'{func.value.id}.{func.attr}('
-            elif isinstance(func, ast.Name) and func.id in ('exit', 'quit') and (
-                    func.id not in params):
+            elif (
+                isinstance(func, ast.Name)
+                and func.id in ('exit', 'quit')
+                and (func.id not in params)
+            ):
                 hit = f'{func.id}('
         if hit:
             found.append((node.lineno, function, hit))
@@ -177,41 +187,83 @@ def test_no_library_code_exits():
 DEMO = osp.join(ROOT, 'configs', 'demo')
 
 
-@pytest.mark.parametrize('config, options, expected', [
-    # the backbones' own options
-    ('demo/retinanet_repa_swin_shapes.py', ['model.backbone.idle_ratio=1.5'],
-     'idle_ratio must be in [0, 1]'),
-    ('demo/retinanet_repa_swin_shapes.py', ['model.backbone.window_size=0'],
-     'window_size must be an integer >= 1, got 0'),
-    ('demo/retinanet_repa_swin_shapes.py', ['model.backbone.patch_norm_typo=True'],
-     "RePaSwin got unexpected arguments ['patch_norm_typo']"),
-    ('demo/classifier_depthrep_vit_shapes.py', ['model.backbone.depth=5'],
-     'depth=5 does not divide'),
-    ('demo/retinanet_repa_caformer_shapes.py', ['model.backbone.out_indices=(1,2,7)'],
-     'out_indices (1, 2, 7)'),
-    # a neck and a head
-    ('retinanet_depthrep_vit_tiny_d6_1x_coco.py', ['model.neck.scale_factors=(3.0,)'],
-     'SimpleFPN scale_factors (3.0,): [3.0] not supported'),
-    ('convformer_s18_32xb128_in1k.py', ['model.head.num_classes=0'],
-     'num_classes must be positive, got 0'),
-])
+@pytest.mark.parametrize(
+    'config, options, expected',
+    [
+        # the backbones' own options
+        (
+            'demo/retinanet_repa_swin_shapes.py',
+            ['model.backbone.idle_ratio=1.5'],
+            'idle_ratio must be in [0, 1]',
+        ),
+        (
+            'demo/retinanet_repa_swin_shapes.py',
+            ['model.backbone.window_size=0'],
+            'window_size must be an integer >= 1, got 0',
+        ),
+        (
+            'demo/retinanet_repa_swin_shapes.py',
+            ['model.backbone.patch_norm_typo=True'],
+            "RePaSwin got unexpected arguments ['patch_norm_typo']",
+        ),
+        (
+            'demo/classifier_depthrep_vit_shapes.py',
+            ['model.backbone.depth=5'],
+            'depth=5 does not divide',
+        ),
+        (
+            'demo/retinanet_repa_caformer_shapes.py',
+            ['model.backbone.out_indices=(1,2,7)'],
+            'out_indices (1, 2, 7)',
+        ),
+        # a neck and a head
+        (
+            'retinanet_depthrep_vit_tiny_d6_1x_coco.py',
+            ['model.neck.scale_factors=(3.0,)'],
+            'SimpleFPN scale_factors (3.0,): [3.0] not supported',
+        ),
+        (
+            'convformer_s18_32xb128_in1k.py',
+            ['model.head.num_classes=0'],
+            'num_classes must be positive, got 0',
+        ),
+    ],
+)
 def test_a_configuration_mistake_prints_one_line_through_a_tool(config, options, expected):
     """tools/get_flops.py builds the model without checking it first: the modules' own errors
     reach the tool as they are."""
-    _, log = run_script_here('tools/get_flops.py', osp.join(ROOT, 'configs', config),
-                             '--shape', '64', '64', '--cfg-options', *options, ok=False)
+    _, log = run_script_here(
+        'tools/get_flops.py',
+        osp.join(ROOT, 'configs', config),
+        '--shape',
+        '64',
+        '64',
+        '--cfg-options',
+        *options,
+        ok=False,
+    )
     lines = log.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('tools/get_flops.py: '), log[-3000:]
     assert expected in lines[0], lines[0]
 
 
-@pytest.mark.parametrize('options, expected', [
-    (['--repeat', '0', '--warmup', '0'], 'repeat must be >= 1, got 0'),
-    (['--shape', '2', '2'], 'is too small'),
-])
+@pytest.mark.parametrize(
+    'options, expected',
+    [
+        (['--repeat', '0', '--warmup', '0'], 'repeat must be >= 1, got 0'),
+        (['--shape', '2', '2'], 'is too small'),
+    ],
+)
 def test_a_bad_command_line_value_prints_one_line_through_a_tool(options, expected):
-    _, log = run_script_here('tools/benchmark.py', osp.join(DEMO, 'retinanet_repa_swin_shapes.py'),
-                             '--device', 'cpu', '--backbone-only', *options, ok=False)
+    _, log = run_script_here(
+        'tools/benchmark.py',
+        osp.join(DEMO, 'retinanet_repa_swin_shapes.py'),
+        '--device',
+        'cpu',
+        '--backbone-only',
+        *options,
+        ok=False,
+    )
     lines = log.strip().splitlines()
     assert lines[-1].startswith('tools/benchmark.py: ') and 'Traceback' not in log, log[-3000:]
     assert expected in lines[-1], lines[-1]

@@ -1,5 +1,6 @@
 """Both directions of the deploy convention: other tools fold mmrepa models by their own calls,
 and ``mmrepa.reparameterize`` folds other libraries' blocks by theirs."""
+
 import copy
 import logging
 
@@ -18,8 +19,9 @@ META = dict(depths=(1, 1, 2, 1), dims=(16, 32, 48, 64))
 BACKBONES = {
     'repa_swin': lambda **kw: RePaSwin(TINY_ARCH, window_size=3, **kw),
     'prepbn_swin': lambda **kw: PRepBNSwin(TINY_ARCH, window_size=3, idle_ratio=0.5, **kw),
-    'repa_caformer': lambda **kw: CAFormer(META, head_dim=16, idle_ratio=0.75,
-                                           window_size=(None, None, 2, 2), **kw),
+    'repa_caformer': lambda **kw: CAFormer(
+        META, head_dim=16, idle_ratio=0.75, window_size=(None, None, 2, 2), **kw
+    ),
 }
 
 
@@ -59,12 +61,20 @@ def test_mmpretrain_converter_call_sequence_folds_an_mmrepa_classifier(tmp_path)
     def classifier(deploy):
         # in mmpretrain's scope whatever an earlier test in this process left as default
         with DefaultScope.overwrite_default_scope('mmpretrain'):
-            return MODELS.build(dict(
-                type='ImageClassifier',
-                backbone=dict(type='RePaSwin', arch=TINY_ARCH, window_size=3,
-                              out_indices=(3, ), deploy=deploy),
-                neck=dict(type='GlobalAveragePooling'),
-                head=dict(type='LinearClsHead', num_classes=5, in_channels=128)))
+            return MODELS.build(
+                dict(
+                    type='ImageClassifier',
+                    backbone=dict(
+                        type='RePaSwin',
+                        arch=TINY_ARCH,
+                        window_size=3,
+                        out_indices=(3,),
+                        deploy=deploy,
+                    ),
+                    neck=dict(type='GlobalAveragePooling'),
+                    head=dict(type='LinearClsHead', num_classes=5, in_channels=128),
+                )
+            )
 
     model = classifier(False)
     randomize_(model)
@@ -87,6 +97,7 @@ def test_mmdeploy_build_pytorch_model_sequence_folds_before_eval(tmp_path):
     ``revert_sync_batchnorm``, ``model.backbone.switch_to_deploy()``, then ``eval()``."""
     from mmengine.model import revert_sync_batchnorm
     from mmengine.runner import load_checkpoint
+
     reference = torch.nn.Module()
     reference.backbone = randomize_(BACKBONES['repa_caformer']())
     path = str(tmp_path / 'model.pth')
@@ -121,6 +132,7 @@ def test_generic_switch_to_deploy_loop_folds_a_whole_model():
 @pytest.mark.parametrize('name', BACKBONES)
 def test_timm_reparameterize_model_folds_mmrepa_exactly(name):
     from timm.utils import reparameterize_model
+
     model = randomized(BACKBONES[name])
     x = torch.randn(1, 3, 37, 50, dtype=torch.float64)
     ours = mmrepa.reparameterize(copy.deepcopy(model))
@@ -154,14 +166,18 @@ def _compare_folds(model, their_fold, x):
     return report
 
 
-@pytest.mark.parametrize('arch, blocks', [
-    ('repvgg_a0', {'RepVggBlock': 22}),
-    ('mobileone_s0', {'MobileOneBlock': 43}),
-    ('fastvit_t8', {'MobileOneBlock': 27, 'RepMixer': 10, 'ReparamLargeKernelConv': 3}),
-])
+@pytest.mark.parametrize(
+    'arch, blocks',
+    [
+        ('repvgg_a0', {'RepVggBlock': 22}),
+        ('mobileone_s0', {'MobileOneBlock': 43}),
+        ('fastvit_t8', {'MobileOneBlock': 27, 'RepMixer': 10, 'ReparamLargeKernelConv': 3}),
+    ],
+)
 def test_mmrepa_folds_timm_models_as_timm_does(arch, blocks):
     import timm
     from timm.utils import reparameterize_model
+
     model = _random_bn_statistics(timm.create_model(arch, num_classes=10)).eval()
     report = _compare_folds(model, reparameterize_model, torch.randn(1, 3, 64, 64))
     assert report.folded == blocks
@@ -173,14 +189,18 @@ def _mmpretrain_switch(model):
     return model
 
 
-@pytest.mark.parametrize('arch, before, after', [
-    ('RepVGG', 7_827_968, 7_028_384),
-    ('MobileOne', 4_268_272, 1_053_504),
-])
+@pytest.mark.parametrize(
+    'arch, before, after',
+    [
+        ('RepVGG', 7_827_968, 7_028_384),
+        ('MobileOne', 4_268_272, 1_053_504),
+    ],
+)
 def test_mmrepa_folds_mmpretrain_blocks_whose_reparameterize_only_returns(arch, before, after):
     """mmpretrain's RepVGGBlock / MobileOneBlock ``reparameterize()`` returns fused tensors
     and changes nothing: ``switch_to_deploy()`` is the fold, and it must be the one used."""
     from mmpretrain.models import backbones
+
     model = getattr(backbones, arch)('A0' if arch == 'RepVGG' else 's0')
     _random_bn_statistics(model).eval()
     report = _compare_folds(model, _mmpretrain_switch, torch.randn(1, 3, 64, 64))
@@ -245,8 +265,10 @@ def test_setting_only_the_flag_is_not_counted_as_a_fold(norm, counted):
     """A LayerNorm patch embedding is in deployed form already: reparameterize() only sets
     its flag. The BatchNorm one folds its norm into the conv and is counted."""
     from mmrepa.layers import FoldablePatchEmbed
-    embed = FoldablePatchEmbed(in_channels=3, embed_dims=8, kernel_size=4, stride=4,
-                               norm_cfg=dict(type=norm))
+
+    embed = FoldablePatchEmbed(
+        in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type=norm)
+    )
     report = mmrepa.fold_model(nn.Sequential(embed).eval(), logger=None)
     assert embed.deploy is True and not report.unfolded
     assert report.folded == ({'FoldablePatchEmbed': 1} if counted else {})

@@ -2,6 +2,7 @@
 input sizes and dtypes. Each example folds a whole small backbone, so patch embedding, patch
 merging, block norms into qkv (with window padding), the FFN and MetaFormer's MLP all take part.
 """
+
 import copy
 
 import torch
@@ -36,30 +37,50 @@ def assert_fold_exact(model, size, dtype, seed):
 
 
 @settings(max_examples=12, deadline=None)
-@given(heads=st.integers(1, 2), head_dim=st.integers(2, 6), idle=idle_ratios,
-       window=st.integers(2, 5), size=sizes, dtype=dtypes, prepbn=st.booleans(),
-       linear_attention=st.booleans(), seed=st.integers(0, 2**16))
-def test_swin_backbones_fold_exactly(heads, head_dim, idle, window, size, dtype, prepbn,
-                                     linear_attention, seed):
-    arch = dict(embed_dims=heads * head_dim, depths=(2, 1, 2, 1), num_heads=(heads, ) * 4)
+@given(
+    heads=st.integers(1, 2),
+    head_dim=st.integers(2, 6),
+    idle=idle_ratios,
+    window=st.integers(2, 5),
+    size=sizes,
+    dtype=dtypes,
+    prepbn=st.booleans(),
+    linear_attention=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_swin_backbones_fold_exactly(
+    heads, head_dim, idle, window, size, dtype, prepbn, linear_attention, seed
+):
+    arch = dict(embed_dims=heads * head_dim, depths=(2, 1, 2, 1), num_heads=(heads,) * 4)
     if prepbn:
-        model = PRepBNSwin(arch=arch, window_size=window, idle_ratio=idle,
-                           attn_types='LSSS' if linear_attention else 'SSSS',
-                           linear_window_sizes=window + 1)
+        model = PRepBNSwin(
+            arch=arch,
+            window_size=window,
+            idle_ratio=idle,
+            attn_types='LSSS' if linear_attention else 'SSSS',
+            linear_window_sizes=window + 1,
+        )
     else:
         model = RePaSwin(arch=arch, window_size=window, idle_ratio=idle)
     assert_fold_exact(model, size, dtype, seed)
 
 
 @settings(max_examples=12, deadline=None)
-@given(dims=st.tuples(*(st.sampled_from([8, 16]) for _ in range(4))), idle=idle_ratios,
-       window=st.one_of(st.none(), st.integers(1, 4)), size=sizes, dtype=dtypes,
-       attention=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    dims=st.tuples(*(st.sampled_from([8, 16]) for _ in range(4))),
+    idle=idle_ratios,
+    window=st.one_of(st.none(), st.integers(1, 4)),
+    size=sizes,
+    dtype=dtypes,
+    attention=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_metaformer_backbones_fold_exactly(dims, idle, window, size, dtype, attention, seed):
     arch = dict(depths=(1, 1, 1, 1), dims=dims)
     if attention:
-        model = CAFormer(arch=arch, head_dim=8, idle_ratio=idle, window_size=(None, None,
-                                                                               window, window))
+        model = CAFormer(
+            arch=arch, head_dim=8, idle_ratio=idle, window_size=(None, None, window, window)
+        )
     else:
         model = ConvFormer(arch=arch, idle_ratio=idle)
     assert_fold_exact(model, size, dtype, seed)

@@ -92,6 +92,7 @@ def test_half_precision_models_fold_in_high_precision(dtype):
 
 # ------------------------------------------------------------------ all or nothing
 
+
 def _everything(model):
     """What a fold could change: structure and types (``str``), every tensor's value, every
     parameter's identity and ``requires_grad``, every ``deploy`` and training flag."""
@@ -100,7 +101,8 @@ def _everything(model):
         state={k: v.detach().clone() for k, v in model.state_dict().items()},
         params={k: (id(p), p.requires_grad) for k, p in model.named_parameters()},
         deploy={k: getattr(m, 'deploy', None) for k, m in model.named_modules()},
-        training={k: m.training for k, m in model.named_modules()})
+        training={k: m.training for k, m in model.named_modules()},
+    )
 
 
 def _assert_unchanged(model, before):
@@ -120,8 +122,14 @@ def _depth_rep_vit_with_one_ffn_mid_ramp():
     """Four joined blocks at λ = 1, but the last FFN at λ = 0.5: it is folded after the three
     blocks before it and the attention beside it."""
     from mmrepa.backbones import DepthRepViT
-    model = DepthRepViT(dict(embed_dims=16, num_layers=8, num_heads=2), num_branches=2,
-                        join='qkv', img_size=32, join_lambda=1.0)
+
+    model = DepthRepViT(
+        dict(embed_dims=16, num_layers=8, num_heads=2),
+        num_branches=2,
+        join='qkv',
+        img_size=32,
+        join_lambda=1.0,
+    )
     model.stages[-1].mlp.set_join_lambda(0.5)
     return randomize_(model).eval(), r'stages\.3\.mlp \(JoinedFFN\): join_lambda = 0\.5'
 
@@ -131,25 +139,31 @@ def _repa_swin_with_nan_statistics_in_the_last_block():
     in the running variance of the last block's FFN."""
     model = randomize_(RePaSwin(TINY_ARCH, window_size=3, norm_cfg=dict(type='BN1d'))).eval()
     model.stages[-1].blocks[-1].ffn.norm2.running_var[2] = float('nan')
-    return model, (r'stages\.3\.blocks\.1\.ffn \(ChannelIdleFFN\): norm2 \(BatchNorm1d\): '
-                   r'BatchNorm running statistics are not finite')
+    return model, (
+        r'stages\.3\.blocks\.1\.ffn \(ChannelIdleFFN\): norm2 \(BatchNorm1d\): '
+        r'BatchNorm running statistics are not finite'
+    )
 
 
 def _repvgg_with_nan_statistics_in_the_last_layer():
     """A RepVGG (three branches per layer, each with its BatchNorm): the 1x1 branch's
     statistics of the last layer are not finite; every layer before it would fold."""
     from mmrepa.backbones import RepOptVGG
-    model = RepOptVGG(dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8),
-                      mode='repvgg')
+
+    model = RepOptVGG(dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8), mode='repvgg')
     randomize_(model).eval()
     model.stage4[-1].rbr_1x1.bn.running_var[1] = float('nan')
-    return model, (r'stage4\.0 \(RepVGGConvBN\): rbr_1x1\.bn \(BatchNorm2d\): BatchNorm running '
-                   r'statistics are not finite')
+    return model, (
+        r'stage4\.0 \(RepVGGConvBN\): rbr_1x1\.bn \(BatchNorm2d\): BatchNorm running '
+        r'statistics are not finite'
+    )
 
 
-REFUSED = {'depth_rep_vit_ffn_mid_ramp': _depth_rep_vit_with_one_ffn_mid_ramp,
-           'repa_swin_nan_in_last_block': _repa_swin_with_nan_statistics_in_the_last_block,
-           'repvgg_nan_in_last_layer': _repvgg_with_nan_statistics_in_the_last_layer}
+REFUSED = {
+    'depth_rep_vit_ffn_mid_ramp': _depth_rep_vit_with_one_ffn_mid_ramp,
+    'repa_swin_nan_in_last_block': _repa_swin_with_nan_statistics_in_the_last_block,
+    'repvgg_nan_in_last_layer': _repvgg_with_nan_statistics_in_the_last_layer,
+}
 
 
 @pytest.mark.parametrize('name', REFUSED)
@@ -164,9 +178,12 @@ def test_a_refused_fold_changes_nothing(name, how, monkeypatch):
         raise AssertionError('the fold was refused after it had changed the model')
 
     monkeypatch.setattr(protocol._Snapshot, 'restore', restore)
-    fold = dict(fold_model=lambda: fold_model(model, logger=None),
-                reparameterize=lambda: reparameterize(model),
-                method=model.reparameterize, switch_to_deploy=model.switch_to_deploy)[how]
+    fold = dict(
+        fold_model=lambda: fold_model(model, logger=None),
+        reparameterize=lambda: reparameterize(model),
+        method=model.reparameterize,
+        switch_to_deploy=model.switch_to_deploy,
+    )[how]
     if how == 'method':  # named relative to the module whose reparameterize() was called
         message = type(model).__name__ + ' at ' + message
     with pytest.raises(FoldError, match=message) as info:
@@ -181,9 +198,14 @@ def test_the_check_changes_nothing_and_names_every_problem():
     before = _everything(model)
     problems = find_fold_problems(model)
     assert [(path, type(m).__name__) for path, m, _ in problems] == [
-        ('stages.0.attn', 'JoinedAttention'), ('stages.3.mlp', 'JoinedFFN')]
-    with pytest.raises(FoldError, match=r'stages\.0\.attn .*join_lambda = 0\.25.*'
-                                        r'\[1 more problem\(s\): DepthRepViT at stages\.3\.mlp'):
+        ('stages.0.attn', 'JoinedAttention'),
+        ('stages.3.mlp', 'JoinedFFN'),
+    ]
+    with pytest.raises(
+        FoldError,
+        match=r'stages\.0\.attn .*join_lambda = 0\.25.*'
+        r'\[1 more problem\(s\): DepthRepViT at stages\.3\.mlp',
+    ):
         check_foldable(model)
     _assert_unchanged(model, before)
 
@@ -211,8 +233,11 @@ def test_a_fold_failing_midway_is_undone(how):
         raise _Interrupted('simulated failure in the middle of the fold')
 
     ffn.reparameterize = fold_then_fail  # the walk and the backbone call it by this name
-    fold = dict(fold_model=lambda: fold_model(model, logger=None), method=model.reparameterize,
-                switch_to_deploy=model.switch_to_deploy)[how]
+    fold = dict(
+        fold_model=lambda: fold_model(model, logger=None),
+        method=model.reparameterize,
+        switch_to_deploy=model.switch_to_deploy,
+    )[how]
     with pytest.raises(_Interrupted):
         fold()
     del ffn.reparameterize
@@ -256,67 +281,84 @@ def _foldable_classes():
     for info in pkgutil.walk_packages(mmrepa.__path__, 'mmrepa.'):
         module = importlib.import_module(info.name)
         for obj in vars(module).values():
-            if (inspect.isclass(obj) and obj.__module__.startswith('mmrepa.')
-                    and callable(getattr(obj, 'reparameterize', None))):
+            if (
+                inspect.isclass(obj)
+                and obj.__module__.startswith('mmrepa.')
+                and callable(getattr(obj, 'reparameterize', None))
+            ):
                 found[f'{obj.__module__}.{obj.__qualname__}'] = obj
     return found
 
 
 def _swin_block():
     from mmrepa.backbones.repa_swin import RePaSwinBlock
-    return RePaSwinBlock(8, 2, 2, shift=True, norm_cfg=dict(type='BN1d'),
-                         ffn_cfg=dict(idle_ratio=0.5))
+
+    return RePaSwinBlock(
+        8, 2, 2, shift=True, norm_cfg=dict(type='BN1d'), ffn_cfg=dict(idle_ratio=0.5)
+    )
 
 
 def _metaformer_block():
     from mmrepa.backbones.metaformer import MetaFormerBlock
+
     return MetaFormerBlock(8, SepConv(8), idle_ratio=0.5, res_scale=True)
 
 
 def _build(path: str):
     from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNSwin, RepOptVGG
+    from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
     from mmrepa.backbones.metaformer import MetaFormer
-    from mmrepa.layers import (CSLAConvBN, FoldablePatchEmbed, FoldablePatchMerging,
-                               JoinedAttention, JoinedBlock, JoinedFFN, RepOptConvBN,
-                               RepVGGConvBN)
-    from mmrepa.utils.quantize import IdentityApartRepVGG, ShortcutApartFFN
+    from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
+    from mmrepa.integrations.quantize import IdentityApartRepVGG, ShortcutApartFFN
+    from mmrepa.layers import FoldablePatchEmbed, FoldablePatchMerging
+
     meta = dict(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16))
     vgg = dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8)
     builders = {
-        'backbones.depth_rep_vit.DepthRepViT': lambda: DepthRepViT(
-            dict(embed_dims=8, num_layers=4, num_heads=2), num_branches=2, img_size=32,
-            join_lambda=1.0),
+        'backbones.depth_rep_vit.backbone.DepthRepViT': lambda: DepthRepViT(
+            dict(embed_dims=8, num_layers=4, num_heads=2),
+            num_branches=2,
+            img_size=32,
+            join_lambda=1.0,
+        ),
         'backbones.metaformer.CAFormer': lambda: CAFormer(meta, head_dim=8, idle_ratio=0.5),
         'backbones.metaformer.ConvFormer': lambda: ConvFormer(meta, idle_ratio=0.5),
-        'backbones.metaformer.MetaFormer': lambda: MetaFormer(meta, ('conv', ) * 4,
-                                                              idle_ratio=0.5),
+        'backbones.metaformer.MetaFormer': lambda: MetaFormer(meta, ('conv',) * 4, idle_ratio=0.5),
         'backbones.metaformer.MetaFormerBlock': _metaformer_block,
-        'backbones.prepbn_swin.PRepBNSwin': lambda: PRepBNSwin(TINY_ARCH, window_size=3,
-                                                               idle_ratio=0.5),
+        'backbones.prepbn_swin.PRepBNSwin': lambda: PRepBNSwin(
+            TINY_ARCH, window_size=3, idle_ratio=0.5
+        ),
         'backbones.repa_swin.RePaSwin': lambda: RePaSwin(TINY_ARCH, window_size=3),
         'backbones.repa_swin.RePaSwinBlock': _swin_block,
-        'backbones.repopt_vgg.RepOptVGG': lambda: RepOptVGG(vgg, mode='repvgg'),
+        'backbones.repopt_vgg.backbone.RepOptVGG': lambda: RepOptVGG(vgg, mode='repvgg'),
         'layers.channel_idle_ffn.ChannelIdleFFN': lambda: ChannelIdleFFN(8),
-        'layers.depth_join.JoinedAttention': lambda: JoinedAttention(8, 2, 2, join_lambda=1.0),
-        'layers.depth_join.JoinedBlock': lambda: JoinedBlock(8, 2, 2, join_lambda=1.0),
-        'layers.depth_join.JoinedFFN': lambda: JoinedFFN(8, 2., 2, join_lambda=1.0),
+        'backbones.depth_rep_vit.join.JoinedAttention': lambda: JoinedAttention(
+            8, 2, 2, join_lambda=1.0
+        ),
+        'backbones.depth_rep_vit.join.JoinedBlock': lambda: JoinedBlock(8, 2, 2, join_lambda=1.0),
+        'backbones.depth_rep_vit.join.JoinedFFN': lambda: JoinedFFN(8, 2.0, 2, join_lambda=1.0),
         'layers.patch_layers.FoldablePatchEmbed': lambda: FoldablePatchEmbed(
-            in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type='BN1d')),
+            in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type='BN1d')
+        ),
         'layers.patch_layers.FoldablePatchMerging': lambda: FoldablePatchMerging(
-            in_channels=8, out_channels=16, norm_cfg=dict(type='BN1d')),
-        'layers.repopt.CSLAConvBN': lambda: CSLAConvBN(8, 8),
-        'layers.repopt.RepOptConvBN': lambda: RepOptConvBN(8, 8),
-        'layers.repopt.RepVGGConvBN': lambda: RepVGGConvBN(8, 8),
+            in_channels=8, out_channels=16, norm_cfg=dict(type='BN1d')
+        ),
+        'backbones.repopt_vgg.blocks.CSLAConvBN': lambda: CSLAConvBN(8, 8),
+        'backbones.repopt_vgg.blocks.RepOptConvBN': lambda: RepOptConvBN(8, 8),
+        'backbones.repopt_vgg.blocks.RepVGGConvBN': lambda: RepVGGConvBN(8, 8),
         'layers.sep_conv.SepConv': lambda: SepConv(8),
-        'utils.quantize.IdentityApartRepVGG': lambda: IdentityApartRepVGG(8, 8),
-        'utils.quantize.ShortcutApartFFN': lambda: ShortcutApartFFN(8),
+        'integrations.quantize.IdentityApartRepVGG': lambda: IdentityApartRepVGG(8, 8),
+        'integrations.quantize.ShortcutApartFFN': lambda: ShortcutApartFFN(8),
     }
-    return builders[path[len('mmrepa.'):]]()
+    return builders[path[len('mmrepa.') :]]()
 
 
 # Bases that are not modules of their own: each concrete subclass is tested.
-ABSTRACT = {'mmrepa.backbones.base.DenseBackbone', 'mmrepa.layers.patch_layers._NormFolding',
-            'mmrepa.layers.repopt._RepOptLayer'}
+ABSTRACT = {
+    'mmrepa.backbones.base.DenseBackbone',
+    'mmrepa.layers.patch_layers._NormFolding',
+    'mmrepa.backbones.repopt_vgg.blocks._RepOptLayer',
+}
 FOLDABLE = sorted(_foldable_classes())
 
 

@@ -1,4 +1,5 @@
 """BatchNorm recalibration across ranks: average_bn_statistics in 2 gloo processes."""
+
 import os.path as osp
 
 import pytest
@@ -13,13 +14,21 @@ from .test_distributed import free_port
 
 # the batches (by index) of rank 0 and rank 1; with unequal counts, rank statistics are
 # weighted by their batch counts
-SPLITS = {'equal': ((0, 1), (2, 3)), 'unequal': ((0, 1, 2), (3, ))}
+SPLITS = {'equal': ((0, 1), (2, 3)), 'unequal': ((0, 1, 2), (3,))}
 
 
 def make_model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1),
-                         nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(64, 6), nn.BatchNorm1d(6))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 1),
+        nn.BatchNorm2d(4),
+        nn.Flatten(),
+        nn.Linear(64, 6),
+        nn.BatchNorm1d(6),
+    )
 
 
 def batch(i):
@@ -29,20 +38,23 @@ def batch(i):
 
 
 def stats(model):
-    return {k: v.clone() for k, v in model.state_dict().items()
-            if k.endswith(('running_mean', 'running_var', 'num_batches_tracked'))}
+    return {
+        k: v.clone()
+        for k, v in model.state_dict().items()
+        if k.endswith(('running_mean', 'running_var', 'num_batches_tracked'))
+    }
 
 
 def _worker(rank, port, out_dir):
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                            world_size=2)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     try:
         for name, split in SPLITS.items():
             model = make_model()
             used = recalibrate_bn(model, [batch(i) for i in split[rank]], model, num_batches=10)
             total = average_bn_statistics(model, used)
-            torch.save(dict(total=total, stats=stats(model)),
-                       osp.join(out_dir, f'{name}_rank{rank}.pth'))
+            torch.save(
+                dict(total=total, stats=stats(model)), osp.join(out_dir, f'{name}_rank{rank}.pth')
+            )
     finally:
         dist.destroy_process_group()
 
@@ -52,8 +64,9 @@ def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp('bn_ranks')
     # fork: the children need not import torch and mmengine again
     mp.start_processes(_worker, args=(free_port(), str(out)), nprocs=2, start_method='fork')
-    return {name: [torch.load(osp.join(out, f'{name}_rank{r}.pth')) for r in (0, 1)]
-            for name in SPLITS}
+    return {
+        name: [torch.load(osp.join(out, f'{name}_rank{r}.pth')) for r in (0, 1)] for name in SPLITS
+    }
 
 
 @pytest.mark.parametrize('split', sorted(SPLITS))
@@ -72,8 +85,7 @@ def test_ranks_end_identical_with_the_statistics_of_all_their_batches(two_ranks,
     # the ranks really saw different statistics (else averaging would be invisible)
     alone = make_model()
     recalibrate_bn(alone, [batch(i) for i in SPLITS[split][0]], alone, num_batches=10)
-    assert not torch.allclose(stats(alone)['1.running_var'], expected['1.running_var'],
-                              rtol=1e-2)
+    assert not torch.allclose(stats(alone)['1.running_var'], expected['1.running_var'], rtol=1e-2)
 
 
 def test_one_process_is_left_alone():
@@ -91,6 +103,7 @@ def test_recalibration_does_not_reset_a_persistent_training_iterator():
     from torch.utils.data import DataLoader
 
     from mmrepa.engine.hooks.bn_recalibration_hook import own_iterator_loader
+
     loader = DataLoader(list(range(6)), batch_size=1, num_workers=1, persistent_workers=True)
     training = iter(loader)
     seen = [int(next(training)) for _ in range(3)]

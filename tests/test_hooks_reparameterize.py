@@ -1,5 +1,6 @@
 """ReparameterizeHook's parts without a runner: latency on the real clock, verification of a
 two-stage detector."""
+
 import copy
 import logging
 import os.path as osp
@@ -62,8 +63,9 @@ def test_latency_is_timed_under_the_test_loops_autocast(fp16):
     """TestLoop(fp16=True) tests under autocast: the hook times both models so too."""
     hook = ReparameterizeHook(measure_latency=True, warmup=1)
     hook.results = {}
-    runner = SimpleNamespace(logger=logging.getLogger('test_hooks_reparameterize'),
-                             test_loop=SimpleNamespace(fp16=fp16))
+    runner = SimpleNamespace(
+        logger=logging.getLogger('test_hooks_reparameterize'), test_loop=SimpleNamespace(fp16=fp16)
+    )
     before, after = RecordsAutocast(), RecordsAutocast()
     hook._measure(runner, before, after, [dict(inputs=[0])] * 2)
     assert before.seen == after.seen == [fp16] * 3
@@ -128,13 +130,19 @@ def test_verify_gives_both_stages_the_same_proposals():
 @pytest.fixture(scope='module')
 def two_stage():
     """A small Mask R-CNN with random weights and a batch for it."""
-    options = {'model.backbone.arch': dict(_delete_=True, embed_dims=16, depths=(1, 1, 1, 1),
-                                           num_heads=(1, 1, 2, 2)),
-               'model.backbone.init_cfg': None, 'model.neck.in_channels': [16, 32, 64, 128],
-               'model.test_cfg.rpn.nms_pre': 200, 'model.test_cfg.rpn.max_per_img': 50,
-               'test_dataloader.dataset.pipeline.1.scale': (128, 96)}
-    model = init_model(osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py'),
-                       cfg_options=options)
+    options = {
+        'model.backbone.arch': dict(
+            _delete_=True, embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)
+        ),
+        'model.backbone.init_cfg': None,
+        'model.neck.in_channels': [16, 32, 64, 128],
+        'model.test_cfg.rpn.nms_pre': 200,
+        'model.test_cfg.rpn.max_per_img': 50,
+        'test_dataloader.dataset.pipeline.1.scale': (128, 96),
+    }
+    model = init_model(
+        osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py'), cfg_options=options
+    )
     randomize_(model.backbone)
     return model, pipeline_batch(model.cfg, (96, 128))
 

@@ -6,6 +6,7 @@ The files are made here, at test time: payloads through ``__reduce__`` (what ``t
 writes for any object) and gadgets as raw protocol-2 opcodes (:class:`Raw`), in torch's zip and
 legacy formats. A payload that ran would only create a marker file in a temporary folder.
 """
+
 import argparse
 import ast
 import copy
@@ -25,16 +26,15 @@ import numpy as np
 import pytest
 import torch
 from mmengine.logging import HistoryBuffer
-from mmengine.runner import load_checkpoint
 from mmengine.runner import checkpoint as mm_checkpoint
+from mmengine.runner import load_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import _weights_only_unpickler
 
 import mmrepa  # noqa: F401  installs the loader
 from mmrepa.apis import init_model
 from mmrepa.backbones import RePaSwin, RepOptVGG
-from mmrepa.checkpoint import (CheckpointError, ForeignConfig, ForeignNamespace,
-                               load_checkpoint_file)
+from mmrepa.checkpoint import CheckpointError, ForeignConfig, ForeignNamespace, load_checkpoint_file
 from mmrepa.checkpoint.restricted_load import OUR_GLOBALS, _entry_name, our_allow_list
 from mmrepa.checkpoint.schemes import SCHEMES
 
@@ -51,6 +51,7 @@ def weights(scale=1.0):
 
 
 # ------------------------------------------------------------------ writing pickles by hand
+
 
 class Raw:
     """Pickled as these protocol-2 opcodes, verbatim; they leave one object on the stack."""
@@ -126,21 +127,29 @@ def get(n):
 HB = g('mmengine.logging.history_buffer', 'HistoryBuffer')
 GETATTR = g('__builtin__', 'getattr')
 NP_DTYPE = g('numpy', 'dtype')
-F8 = build(call(NP_DTYPE, s('f8'), FALSE, TRUE),
-           tup(i(3), s('<'), NONE, NONE, NONE, i(-1), i(-1), i(0)))
+F8 = build(
+    call(NP_DTYPE, s('f8'), FALSE, TRUE), tup(i(3), s('<'), NONE, NONE, NONE, i(-1), i(-1), i(0))
+)
 
 
 def np_array(values, dtype_ops=F8):
     data = np.asarray(values, np.float64).tobytes()
-    empty = call(g('numpy.core.multiarray', '_reconstruct'), g('numpy', 'ndarray'), tup(i(0)),
-                 raw_bytes(b'b'))
+    empty = call(
+        g('numpy.core.multiarray', '_reconstruct'),
+        g('numpy', 'ndarray'),
+        tup(i(0)),
+        raw_bytes(b'b'),
+    )
     return build(empty, tup(i(1), tup(i(len(values))), dtype_ops, FALSE, raw_bytes(data)))
 
 
 def history_buffer(statistics):
-    state = dct((s('max_length'), i(1000)), (s('_log_history'), np_array([1.0, 2.0])),
-                (s('_count_history'), np_array([1.0, 1.0])),
-                (s('statistics_methods'), dct(*statistics)))
+    state = dct(
+        (s('max_length'), i(1000)),
+        (s('_log_history'), np_array([1.0, 2.0])),
+        (s('_count_history'), np_array([1.0, 1.0])),
+        (s('statistics_methods'), dct(*statistics)),
+    )
     return build(new(HB), state)
 
 
@@ -158,9 +167,11 @@ def legacy_tar(marker):
     """torch's pre-1.0 tar format: torch would unpack 'storages' into a temporary directory."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode='w', format=tarfile.PAX_FORMAT) as tar:
-        for name, data in (('sys_info', pickle.dumps({'protocol_version': 1000}, 2)),
-                           ('pickle', pickle.dumps(Calls(os.system, f'touch {marker}'), 2)),
-                           ('tensors', pickle.dumps(0, 2))):
+        for name, data in (
+            ('sys_info', pickle.dumps({'protocol_version': 1000}, 2)),
+            ('pickle', pickle.dumps(Calls(os.system, f'touch {marker}'), 2)),
+            ('tensors', pickle.dumps(0, 2)),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -177,75 +188,199 @@ HOSTILE = {
     'os_system': (lambda m: Calls(os.system, f'touch {m}'), 'refused'),
     'exec': (lambda m: Calls(exec, f'open({str(m)!r}, "w").close()'), 'refused'),
     'subprocess': (lambda m: Calls(subprocess.check_call, ['touch', str(m)]), 'refused'),
-    'eval_nested': (lambda m: [{'deep': (1, Calls(eval, f'open({str(m)!r}, "w")'))}],
-                    'refused'),
+    'eval_nested': (lambda m: [{'deep': (1, Calls(eval, f'open({str(m)!r}, "w")'))}], 'refused'),
     # getattr(getattr(HistoryBuffer.__init__, '__builtins__'), 'get')('exec')(code)
-    'getattr_chain': (lambda m: Raw(call(call(call(GETATTR, call(GETATTR, call(
-        GETATTR, HB, s('__init__')), s('__builtins__')), s('get')), s('exec')),
-        s(f'open({str(m)!r}, "w").close()'))), 'refused'),
+    'getattr_chain': (
+        lambda m: Raw(
+            call(
+                call(
+                    call(
+                        GETATTR,
+                        call(GETATTR, call(GETATTR, HB, s('__init__')), s('__builtins__')),
+                        s('get'),
+                    ),
+                    s('exec'),
+                ),
+                s(f'open({str(m)!r}, "w").close()'),
+            )
+        ),
+        'refused',
+    ),
     # getattr reaching a dict shared by the process, then SETITEM into it: HistoryBuffer's
     # statistics registry, and the module globals of torch's tensor rebuilding (every later
     # load, even a plain torch.load, would build tensors with another function)
-    'getattr_shared_dict': (lambda m: Raw(call(GETATTR, HB, s('_statistics_methods'))
-                                          + s('mean') + g('torch._utils', '_rebuild_tensor')
-                                          + b's'), 'refused'),
-    'getattr_module_globals': (lambda m: Raw(
-        call(GETATTR, g('torch._utils', '_rebuild_tensor_v2'), s('__globals__'))
-        + s('_rebuild_tensor') + g('torch._utils', '_rebuild_meta_tensor_no_storage') + b's'),
-        'refused'),
+    'getattr_shared_dict': (
+        lambda m: Raw(
+            call(GETATTR, HB, s('_statistics_methods'))
+            + s('mean')
+            + g('torch._utils', '_rebuild_tensor')
+            + b's'
+        ),
+        'refused',
+    ),
+    'getattr_module_globals': (
+        lambda m: Raw(
+            call(GETATTR, g('torch._utils', '_rebuild_tensor_v2'), s('__globals__'))
+            + s('_rebuild_tensor')
+            + g('torch._utils', '_rebuild_meta_tensor_no_storage')
+            + b's'
+        ),
+        'refused',
+    ),
     # the name getattr gives for a statistics method, called
-    'statistics_name_called': (lambda m: Raw(call(call(GETATTR, HB, s('mean')), s(str(m)))),
-                               'refused'),
+    'statistics_name_called': (
+        lambda m: Raw(call(call(GETATTR, HB, s('mean')), s(str(m)))),
+        'refused',
+    ),
     # mmengine's HistoryBuffer.__setstate__ would merge these into the registry of all buffers
-    'statistics_injection': (lambda m: {'log_scalars': {'loss': Raw(history_buffer([
-        (s('mean'), call(GETATTR, HB, s('max'))),
-        (s('evil'), g('torch._utils', '_rebuild_tensor'))]))}}, 'inert'),
-    'build_on_class': (lambda m: Raw(build(HB, dct(
-        (s('mean'), g('torch._utils', '_rebuild_tensor'))))), 'refused'),
-    'build_on_class_slots': (lambda m: Raw(build(HB, tup(NONE, dct(
-        (s('_statistics_methods'), dct()))))), 'refused'),
-    'build_on_function': (lambda m: Raw(build(g('torch._utils', '_rebuild_tensor_v2'), tup(
-        NONE, dct((s('__defaults__'), tup(NONE)))))), 'refused'),
-    'build_on_tensor_class': (lambda m: Raw(build(g('torch', 'Tensor'), tup(NONE, dct(
-        (s('__add__'), g('torch._utils', '_rebuild_tensor')))))), 'refused'),
-    'build_on_getattr': (lambda m: Raw(build(GETATTR, tup(NONE, dct(
-        (s('__doc__'), s('changed')))))), 'refused'),
+    'statistics_injection': (
+        lambda m: {
+            'log_scalars': {
+                'loss': Raw(
+                    history_buffer(
+                        [
+                            (s('mean'), call(GETATTR, HB, s('max'))),
+                            (s('evil'), g('torch._utils', '_rebuild_tensor')),
+                        ]
+                    )
+                )
+            }
+        },
+        'inert',
+    ),
+    'build_on_class': (
+        lambda m: Raw(build(HB, dct((s('mean'), g('torch._utils', '_rebuild_tensor'))))),
+        'refused',
+    ),
+    'build_on_class_slots': (
+        lambda m: Raw(build(HB, tup(NONE, dct((s('_statistics_methods'), dct()))))),
+        'refused',
+    ),
+    'build_on_function': (
+        lambda m: Raw(
+            build(
+                g('torch._utils', '_rebuild_tensor_v2'),
+                tup(NONE, dct((s('__defaults__'), tup(NONE)))),
+            )
+        ),
+        'refused',
+    ),
+    'build_on_tensor_class': (
+        lambda m: Raw(
+            build(
+                g('torch', 'Tensor'),
+                tup(NONE, dct((s('__add__'), g('torch._utils', '_rebuild_tensor')))),
+            )
+        ),
+        'refused',
+    ),
+    'build_on_getattr': (
+        lambda m: Raw(build(GETATTR, tup(NONE, dct((s('__doc__'), s('changed')))))),
+        'refused',
+    ),
     # an attribute on a tensor instance (torch's _rebuild_from_type_v2), as a weight
-    'tensor_attribute': (lambda m: InStateDict(w=Raw(call(
-        g('torch._tensor', '_rebuild_from_type_v2'), g('torch', 'Tensor'), g('torch', 'Tensor'),
-        tup(), dct((s('__add__'), g('torch._utils', '_rebuild_tensor')))))), 'refused'),
+    'tensor_attribute': (
+        lambda m: InStateDict(
+            w=Raw(
+                call(
+                    g('torch._tensor', '_rebuild_from_type_v2'),
+                    g('torch', 'Tensor'),
+                    g('torch', 'Tensor'),
+                    tup(),
+                    dct((s('__add__'), g('torch._utils', '_rebuild_tensor'))),
+                )
+            )
+        ),
+        'refused',
+    ),
     'history_buffer_init': (lambda m: Raw(call(HB, lst(i(1)), lst(i(1)))), 'refused'),
-    'rebuild_from_type_init': (lambda m: Raw(call(g('torch._tensor', '_rebuild_from_type_v2'),
-                                                  HB, HB, tup(), dct())), 'refused'),
+    'rebuild_from_type_init': (
+        lambda m: Raw(call(g('torch._tensor', '_rebuild_from_type_v2'), HB, HB, tup(), dct())),
+        'refused',
+    ),
     # numpy.dtype(copy=False) is numpy's shared float64 dtype: BUILD would rewrite it
-    'numpy_shared_dtype': (lambda m: Raw(build(call(NP_DTYPE, s('f8'), FALSE, FALSE), tup(
-        i(3), s('|'), NONE, tup(s('a')), dct((s('a'), tup(F8, i(0)))), i(8), i(1), i(0)))),
-        'refused'),
+    'numpy_shared_dtype': (
+        lambda m: Raw(
+            build(
+                call(NP_DTYPE, s('f8'), FALSE, FALSE),
+                tup(
+                    i(3), s('|'), NONE, tup(s('a')), dct((s('a'), tup(F8, i(0)))), i(8), i(1), i(0)
+                ),
+            )
+        ),
+        'refused',
+    ),
     'numpy_object_dtype': (lambda m: Raw(call(NP_DTYPE, s('O'), FALSE, TRUE)), 'refused'),
     # a tensor sharing an array's memory, then the array rebuilt: use after free
-    'numpy_shared_memory': (lambda m: Raw(tup(
-        np_array([1.0, 2.0]) + put(900),
-        call(g('torch._utils', '_rebuild_device_tensor_from_numpy'), get(900),
-             g('torch', 'float64'), s('cpu'), FALSE))), 'refused'),
-    'numpy_state_twice': (lambda m: Raw(build(np_array([1.0]), tup(
-        i(1), tup(i(1000)), F8, FALSE, raw_bytes(b'\0' * 8000)))), 'refused'),
-    'config_node_arguments': (lambda m: Raw(call(g('yacs.config', 'CfgNode'), dct(
-        (s('a'), i(1))))), 'refused'),
-    'namespace_slot_state': (lambda m: Raw(build(new(g('argparse', 'Namespace')), tup(NONE, dct(
-        (s('__class__'), g('collections', 'OrderedDict')))))), 'refused'),
-    'namespace_new_arguments': (lambda m: Raw(new(g('argparse', 'Namespace'), s('x'))),
-                                'refused'),
+    'numpy_shared_memory': (
+        lambda m: Raw(
+            tup(
+                np_array([1.0, 2.0]) + put(900),
+                call(
+                    g('torch._utils', '_rebuild_device_tensor_from_numpy'),
+                    get(900),
+                    g('torch', 'float64'),
+                    s('cpu'),
+                    FALSE,
+                ),
+            )
+        ),
+        'refused',
+    ),
+    'numpy_state_twice': (
+        lambda m: Raw(
+            build(np_array([1.0]), tup(i(1), tup(i(1000)), F8, FALSE, raw_bytes(b'\0' * 8000)))
+        ),
+        'refused',
+    ),
+    'config_node_arguments': (
+        lambda m: Raw(call(g('yacs.config', 'CfgNode'), dct((s('a'), i(1))))),
+        'refused',
+    ),
+    'namespace_slot_state': (
+        lambda m: Raw(
+            build(
+                new(g('argparse', 'Namespace')),
+                tup(NONE, dct((s('__class__'), g('collections', 'OrderedDict')))),
+            )
+        ),
+        'refused',
+    ),
+    'namespace_new_arguments': (lambda m: Raw(new(g('argparse', 'Namespace'), s('x'))), 'refused'),
     # special names in a Namespace's state: stored as data, the type keeps its methods
-    'namespace_dunders': (lambda m: {'args': Raw(build(new(g('argparse', 'Namespace')), dct(
-        (s('__class__'), g('collections', 'OrderedDict')),
-        (s('__getattr__'), g('torch._utils', '_rebuild_tensor')))))}, 'inert'),
+    'namespace_dunders': (
+        lambda m: {
+            'args': Raw(
+                build(
+                    new(g('argparse', 'Namespace')),
+                    dct(
+                        (s('__class__'), g('collections', 'OrderedDict')),
+                        (s('__getattr__'), g('torch._utils', '_rebuild_tensor')),
+                    ),
+                )
+            )
+        },
+        'inert',
+    ),
     'parameter_attribute': (lambda m: InStateDict(w=_parameter_with_attribute()), 'refused'),
     'deep_nesting': (lambda m: Raw(b'](' * 30000 + b']' + b'e' * 30000), 'refused'),
 }
-LEGACY = ('os_system', 'exec', 'getattr_chain', 'getattr_module_globals', 'statistics_injection',
-          'build_on_class', 'build_on_tensor_class', 'numpy_shared_dtype', 'numpy_shared_memory')
-FILES = [(name, 'zip') for name in HOSTILE] + [(name, 'legacy') for name in LEGACY] + [
-    ('legacy_tar', 'tar')]
+LEGACY = (
+    'os_system',
+    'exec',
+    'getattr_chain',
+    'getattr_module_globals',
+    'statistics_injection',
+    'build_on_class',
+    'build_on_tensor_class',
+    'numpy_shared_dtype',
+    'numpy_shared_memory',
+)
+FILES = (
+    [(name, 'zip') for name in HOSTILE]
+    + [(name, 'legacy') for name in LEGACY]
+    + [('legacy_tar', 'tar')]
+)
 
 
 class InStateDict(dict):
@@ -271,8 +406,10 @@ def _inert_namespace_dunders(ckpt):
     assert not hasattr(ForeignNamespace, '__getattr__')
 
 
-INERT_CHECKS = {'statistics_injection': _inert_statistics_injection,
-                'namespace_dunders': _inert_namespace_dunders}
+INERT_CHECKS = {
+    'statistics_injection': _inert_statistics_injection,
+    'namespace_dunders': _inert_namespace_dunders,
+}
 
 
 _DETECTOR = {}
@@ -293,8 +430,12 @@ def write(path, payload, fmt, state_dict=None):
     state_dict = weights() if state_dict is None else state_dict
     if isinstance(payload, InStateDict):
         state_dict, payload = {**state_dict, **payload}, None
-    torch.save(dict(state_dict=state_dict, meta=dict(epoch=1), x=payload), path,
-               pickle_module=RAW_PICKLE, _use_new_zipfile_serialization=fmt == 'zip')
+    torch.save(
+        dict(state_dict=state_dict, meta=dict(epoch=1), x=payload),
+        path,
+        pickle_module=RAW_PICKLE,
+        _use_new_zipfile_serialization=fmt == 'zip',
+    )
 
 
 @pytest.fixture(scope='module')
@@ -315,13 +456,23 @@ def hostile(tmp_path_factory):
 
 # ------------------------------------------------------------- what must not change: a snapshot
 
+
 def allow_listed():
     """Every object torch's weights_only unpickler may reach by name during our loads."""
     objects = list(_weights_only_unpickler._get_allowed_globals().values())
     for entry in torch.serialization.get_safe_globals() + list(OUR_GLOBALS):
         objects.append(entry[0] if isinstance(entry, tuple) else entry)
-    objects += [HistoryBuffer, torch.Tensor, torch.nn.Parameter, np.ndarray, np.dtype,
-                getattr, exec, eval, os.system]
+    objects += [
+        HistoryBuffer,
+        torch.Tensor,
+        torch.nn.Parameter,
+        np.ndarray,
+        np.dtype,
+        getattr,
+        exec,
+        eval,
+        os.system,
+    ]
     return list({id(o): o for o in objects}.values())
 
 
@@ -333,8 +484,10 @@ def _attributes(obj):
     if callable(obj) and not isinstance(obj, type):
         for name in ('__defaults__', '__kwdefaults__', '__code__', '__doc__'):
             attrs[name] = getattr(obj, name, None)
-    return {k: (v, copy.copy(v) if type(v) in (dict, list, set, OrderedDict) else None)
-            for k, v in attrs.items()}
+    return {
+        k: (v, copy.copy(v) if type(v) in (dict, list, set, OrderedDict) else None)
+        for k, v in attrs.items()
+    }
 
 
 def snapshot():
@@ -346,7 +499,9 @@ def snapshot():
         schemes=dict(CheckpointLoader._schemes),
         statistics=dict(HistoryBuffer._statistics_methods),
         float64=(f8.str, f8.byteorder, f8.fields, f8.names, f8.itemsize),
-        default_dtype=torch.get_default_dtype(), cwd=os.getcwd())
+        default_dtype=torch.get_default_dtype(),
+        cwd=os.getcwd(),
+    )
 
 
 def assert_unchanged(before, after):
@@ -377,18 +532,20 @@ def assert_plain_loads_unchanged(benign):
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[k], expected[k]) for k in expected)
     one = torch.ones(2)
-    assert torch.equal(one + one, torch.full((2, ), 2.))
+    assert torch.equal(one + one, torch.full((2,), 2.0))
 
 
 # ----------------------------------------------------------------------------- entry points
+
 
 def _detector():
     return init_model(DEMO)
 
 
 def _init_cfg(path):
-    model = RePaSwin(TINY_ARCH, window_size=3, init_cfg=dict(type='Pretrained',
-                                                               checkpoint=str(path)))
+    model = RePaSwin(
+        TINY_ARCH, window_size=3, init_cfg=dict(type='Pretrained', checkpoint=str(path))
+    )
     model.init_weights()
     return model
 
@@ -405,15 +562,17 @@ def _tool(path, ok):
     assert not osp.exists(out)
     last = log.strip().splitlines()[-1]
     assert last.startswith('tools/reparameterize.py: '), log[-2000:]
-    raise CheckpointError(last[len('tools/reparameterize.py: '):])
+    raise CheckpointError(last[len('tools/reparameterize.py: ') :])
 
 
 ENTRY_POINTS = {
     'load_checkpoint_file': lambda p: load_checkpoint_file(p),
-    'CheckpointLoader (init_cfg, load_from, resume)':
-        lambda p: CheckpointLoader.load_checkpoint(str(p), map_location='cpu'),
-    'mmengine load_checkpoint (load_from)':
-        lambda p: load_checkpoint(_detector(), str(p), map_location='cpu'),
+    'CheckpointLoader (init_cfg, load_from, resume)': lambda p: CheckpointLoader.load_checkpoint(
+        str(p), map_location='cpu'
+    ),
+    'mmengine load_checkpoint (load_from)': lambda p: load_checkpoint(
+        _detector(), str(p), map_location='cpu'
+    ),
     'mmrepa.apis.init_model': lambda p: init_model(DEMO, str(p)),
     'init_cfg Pretrained': _init_cfg,
     'RepOptVGG(scales=)': lambda p: RepOptVGG(TINY_VGG, scales=str(p)),
@@ -461,8 +620,11 @@ def test_other_registrations_of_our_names_are_set_aside_for_the_load(hostile, mo
     would pick it or our stand-in at random; our loads use the stand-in, and the registration
     is back afterwards."""
     paths, _ = hostile
-    monkeypatch.setattr(_weights_only_unpickler, '_marked_safe_globals_set',
-                        set(_weights_only_unpickler._marked_safe_globals_set))
+    monkeypatch.setattr(
+        _weights_only_unpickler,
+        '_marked_safe_globals_set',
+        set(_weights_only_unpickler._marked_safe_globals_set),
+    )
     torch.serialization.add_safe_globals([HistoryBuffer])
     registry = dict(HistoryBuffer._statistics_methods)
     for fmt in ('zip', 'legacy'):
@@ -482,14 +644,14 @@ def test_the_messages_say_what_was_refused(hostile):
     cases = {
         ('os_system', 'zip'): r'contains posix\.system, which mmrepa does not load',
         ('exec', 'legacy'): r'contains builtins\.exec, which mmrepa does not load',
-        ('getattr_chain', 'zip'): r"refused by the restricted loader \(getattr\(type object, "
-                                  r"'__init__'\)",
+        ('getattr_chain', 'zip'): r'refused by the restricted loader \(getattr\(type object, '
+        r"'__init__'\)",
         ('build_on_class', 'zip'): r'refused by the restricted loader \(Can only build',
         ('numpy_shared_dtype', 'zip'): r'not that of a numeric dtype',
         ('numpy_shared_memory', 'zip'): r'refused by the restricted loader \(TypeError: '
-                                        r'expected np\.ndarray \(got NumpyArray\)',
+        r'expected np\.ndarray \(got NumpyArray\)',
         ('parameter_attribute', 'zip'): r"state_dict key 'w' is a tensor carrying hooks or "
-                                        'attributes',
+        'attributes',
         ('deep_nesting', 'zip'): 'nests its data deeper than any checkpoint',
         ('legacy_tar', 'tar'): r'legacy \.tar format',
     }
@@ -502,25 +664,44 @@ def test_the_messages_say_what_was_refused(hostile):
 # --------------------------------------------------------------------------- malformed files
 
 BAD = {
-    'integer_key': (lambda: dict(state_dict={0: torch.ones(1)}),
-                    r"state_dict key int 0 is not a parameter name"),
-    'string_value': (lambda: dict(state_dict=dict(weights(), extra='not a tensor')),
-                     r"state_dict key 'extra' holds a str, not a tensor"),
+    'integer_key': (
+        lambda: dict(state_dict={0: torch.ones(1)}),
+        r'state_dict key int 0 is not a parameter name',
+    ),
+    'string_value': (
+        lambda: dict(state_dict=dict(weights(), extra='not a tensor')),
+        r"state_dict key 'extra' holds a str, not a tensor",
+    ),
     'top_level_list': (lambda: [torch.ones(1)], r'holds a list, not a checkpoint dict'),
-    'class_names': (lambda: dict(state_dict=weights(), meta=dict(dataset_meta=dict(
-        classes=('cat', 7)))), r"'meta\.dataset_meta\.classes' holds a int among its class"),
-    'nan_weight': (lambda: dict(state_dict={k: v.clone().fill_(float('nan'))
-                                            if k == 'norm1.weight' else v
-                                            for k, v in weights().items()}),
-                   r"state_dict key 'norm1\.weight' holds 32 NaN or infinite value"),
-    'inf_in_model': (lambda: dict(model={'w': torch.tensor([1., float('inf')])}),
-                     r"model key 'w' holds 1 NaN or infinite value"),
-    'nine_dims': (lambda: dict(state_dict={'w': torch.zeros([1] * 9)}),
-                  r"state_dict key 'w' has 9 dimensions"),
-    'sparse': (lambda: dict(state_dict={'w': torch.eye(2).to_sparse()}),
-               r"state_dict key 'w' is a torch\.sparse_coo tensor"),
-    'metadata': (lambda: dict(state_dict=_with_metadata(weights(), {'': {'version': 'x'}})),
-                 r'the _metadata of state_dict is not a dict of module names'),
+    'class_names': (
+        lambda: dict(state_dict=weights(), meta=dict(dataset_meta=dict(classes=('cat', 7)))),
+        r"'meta\.dataset_meta\.classes' holds a int among its class",
+    ),
+    'nan_weight': (
+        lambda: dict(
+            state_dict={
+                k: v.clone().fill_(float('nan')) if k == 'norm1.weight' else v
+                for k, v in weights().items()
+            }
+        ),
+        r"state_dict key 'norm1\.weight' holds 32 NaN or infinite value",
+    ),
+    'inf_in_model': (
+        lambda: dict(model={'w': torch.tensor([1.0, float('inf')])}),
+        r"model key 'w' holds 1 NaN or infinite value",
+    ),
+    'nine_dims': (
+        lambda: dict(state_dict={'w': torch.zeros([1] * 9)}),
+        r"state_dict key 'w' has 9 dimensions",
+    ),
+    'sparse': (
+        lambda: dict(state_dict={'w': torch.eye(2).to_sparse()}),
+        r"state_dict key 'w' is a torch\.sparse_coo tensor",
+    ),
+    'metadata': (
+        lambda: dict(state_dict=_with_metadata(weights(), {'': {'version': 'x'}})),
+        r'the _metadata of state_dict is not a dict of module names',
+    ),
 }
 
 
@@ -546,17 +727,21 @@ def test_nan_weights_never_reach_a_model_through_init_cfg(tmp_path):
     state['stages.0.blocks.0.ffn.fc1.weight'][0, 0] = float('nan')
     path = tmp_path / 'nan.pth'
     torch.save(dict(state_dict=state), path)
-    with pytest.raises(CheckpointError, match=r"nan\.pth: state_dict key "
-                       r"'stages\.0\.blocks\.0\.ffn\.fc1\.weight' holds 1 NaN"):
+    with pytest.raises(
+        CheckpointError,
+        match=r'nan\.pth: state_dict key '
+        r"'stages\.0\.blocks\.0\.ffn\.fc1\.weight' holds 1 NaN",
+    ):
         _init_cfg(path)
 
 
 def test_state_dicts_built_in_memory_are_checked_too():
-    with pytest.raises(CheckpointError, match=r"key int 3 is not a parameter name"):
+    with pytest.raises(CheckpointError, match=r'key int 3 is not a parameter name'):
         RepOptVGG(TINY_VGG, scales={3: torch.ones(1)})
 
 
 # ------------------------------------------------------------------------ URLs: torch.hub cache
+
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
@@ -580,26 +765,31 @@ def url_examples():
     renamed_url = mm_checkpoint.get_external_models()[renamed]
     mmcls_name = sorted(mm_checkpoint.get_mmcls_models())[0]
     mmcls = mm_checkpoint.get_mmcls_models()[mmcls_name]
-    return [(http, http), ('torchvision://resnet18', torchvision),
-            ('modelzoo://resnet18', torchvision),
-            ('open-mmlab://detectron2/resnet50_caffe', openmmlab),
-            ('openmmlab://resnet50_caffe', renamed_url), (f'mmcls://{mmcls_name}', mmcls)]
+    return [
+        (http, http),
+        ('torchvision://resnet18', torchvision),
+        ('modelzoo://resnet18', torchvision),
+        ('open-mmlab://detectron2/resnet50_caffe', openmmlab),
+        ('openmmlab://resnet50_caffe', renamed_url),
+        (f'mmcls://{mmcls_name}', mmcls),
+    ]
 
 
 URL_ENTRY_POINTS = {
     'load_checkpoint_file': load_checkpoint_file,
-    'CheckpointLoader (init_cfg, load_from, resume)':
-        lambda u: CheckpointLoader.load_checkpoint(u, map_location='cpu'),
-    'mmengine load_checkpoint (load_from)':
-        lambda u: load_checkpoint(_detector(), u, map_location='cpu'),
+    'CheckpointLoader (init_cfg, load_from, resume)': lambda u: CheckpointLoader.load_checkpoint(
+        u, map_location='cpu'
+    ),
+    'mmengine load_checkpoint (load_from)': lambda u: load_checkpoint(
+        _detector(), u, map_location='cpu'
+    ),
     'init_cfg Pretrained': _init_cfg,
     'mmrepa.apis.init_model': lambda u: init_model(DEMO, u),
 }
 
 
 @pytest.mark.parametrize('fmt', ['zip', 'legacy'])
-def test_a_hostile_file_in_the_hub_cache_is_refused_for_every_scheme(hub, tmp_path, benign,
-                                                                      fmt):
+def test_a_hostile_file_in_the_hub_cache_is_refused_for_every_scheme(hub, tmp_path, benign, fmt):
     marker = tmp_path / 'MARKER'
     before = snapshot()
     for url, cached_url in url_examples():
@@ -619,8 +809,9 @@ def test_a_hostile_file_in_the_hub_cache_is_refused_for_every_scheme(hub, tmp_pa
 def test_a_cached_url_loads_through_the_same_loader(hub):
     url = 'https://example.com/weights/plain-0123.pth'
     hub.mkdir(parents=True)
-    torch.save(dict(state_dict=weights(2.0), args=argparse.Namespace(lr=0.1)),
-               hub / 'plain-0123.pth')
+    torch.save(
+        dict(state_dict=weights(2.0), args=argparse.Namespace(lr=0.1)), hub / 'plain-0123.pth'
+    )
     model = _init_cfg(url)
     expected = weights(2.0)
     assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
@@ -642,18 +833,33 @@ def test_every_scheme_mmengine_knows_is_read_by_mmrepa():
     import mmdet.models  # noqa: F401  register whatever schemes the downstream libraries add
     import mmpretrain.models  # noqa: F401
     import mmseg.models  # noqa: F401
+
     ours = set(SCHEMES.values())
-    theirs = {prefix: loader for prefix, loader in CheckpointLoader._schemes.items()
-              if loader not in ours}
-    assert not theirs, f'schemes read without mmrepa\'s loader: {theirs}'
+    theirs = {
+        prefix: loader for prefix, loader in CheckpointLoader._schemes.items() if loader not in ours
+    }
+    assert not theirs, f"schemes read without mmrepa's loader: {theirs}"
 
 
 # ----------------------------------------------------------- no other deserialization anywhere
 
-UNSAFE_CALLS = {'torch.load', 'pickle.load', 'pickle.loads', 'pickle.Unpickler',
-                '_pickle.load', '_pickle.loads', 'load_state_dict_from_url', 'load_url',
-                'load_from_local', 'load_from_http', 'load_from_pavi', 'load_from_ceph',
-                'load_from_torchvision', 'load_from_openmmlab', 'load_from_mmcls'}
+UNSAFE_CALLS = {
+    'torch.load',
+    'pickle.load',
+    'pickle.loads',
+    'pickle.Unpickler',
+    '_pickle.load',
+    '_pickle.loads',
+    'load_state_dict_from_url',
+    'load_url',
+    'load_from_local',
+    'load_from_http',
+    'load_from_pavi',
+    'load_from_ceph',
+    'load_from_torchvision',
+    'load_from_openmmlab',
+    'load_from_mmcls',
+}
 LOADER = osp.join('mmrepa', 'checkpoint', 'restricted_load.py')
 
 
@@ -673,15 +879,27 @@ def unsafe_uses(path):
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
             if isinstance(node.func, ast.Attribute) and (
-                    name in UNSAFE_CALLS or node.func.attr in UNSAFE_CALLS - {'load'}):
+                name in UNSAFE_CALLS or node.func.attr in UNSAFE_CALLS - {'load'}
+            ):
                 found.append((node.lineno, name))
-            if any(k.arg == 'weights_only' and getattr(k.value, 'value', None) is False
-                   for k in node.keywords):
+            if any(
+                k.arg == 'weights_only' and getattr(k.value, 'value', None) is False
+                for k in node.keywords
+            ):
                 found.append((node.lineno, 'weights_only=False'))
-        elif isinstance(node, ast.ImportFrom) and node.module in ('torch', 'pickle', '_pickle',
-                                                                 'torch.hub', 'dill'):
-            bad = {a.name for a in node.names} & {'load', 'loads', 'Unpickler',
-                                                  'load_state_dict_from_url'}
+        elif isinstance(node, ast.ImportFrom) and node.module in (
+            'torch',
+            'pickle',
+            '_pickle',
+            'torch.hub',
+            'dill',
+        ):
+            bad = {a.name for a in node.names} & {
+                'load',
+                'loads',
+                'Unpickler',
+                'load_state_dict_from_url',
+            }
             found += [(node.lineno, f'from {node.module} import {b}') for b in bad]
     return found
 
@@ -702,16 +920,20 @@ def test_no_other_module_deserializes_a_file():
 
 def test_the_source_check_catches_each_form(tmp_path):
     path = tmp_path / 'x.py'
-    path.write_text('import torch, pickle\nfrom torch.hub import load_state_dict_from_url\n'
-                    'torch.load(f)\npickle.loads(b)\nx = torch.load(f, weights_only=False)\n'
-                    'mm_checkpoint.load_from_http(u)\n')
+    path.write_text(
+        'import torch, pickle\nfrom torch.hub import load_state_dict_from_url\n'
+        'torch.load(f)\npickle.loads(b)\nx = torch.load(f, weights_only=False)\n'
+        'mm_checkpoint.load_from_http(u)\n'
+    )
     assert [u[0] for u in unsafe_uses(str(path))] == [2, 3, 4, 5, 5, 6]
 
 
 # ------------------------------------------------- the release layouts and mmengine's own files
 
+
 def _yacs_config():
     from yacs.config import CfgNode
+
     cfg = CfgNode()
     cfg.MODEL = CfgNode(dict(TYPE='swin', DROP_PATH_RATE=0.1))
     cfg.freeze()
@@ -733,15 +955,25 @@ class _EasyDict(dict):
         super().__setitem__(name, value)
 
 
-_EasyDict.__module__, _EasyDict.__name__, _EasyDict.__qualname__ = ('easydict', 'EasyDict',
-                                                                    'EasyDict')
+_EasyDict.__module__, _EasyDict.__name__, _EasyDict.__qualname__ = (
+    'easydict',
+    'EasyDict',
+    'EasyDict',
+)
 
 
 def test_release_layouts_still_load_as_plain_data(tmp_path, monkeypatch, benign):
     monkeypatch.setitem(sys.modules, 'easydict', types.SimpleNamespace(EasyDict=_EasyDict))
     path = tmp_path / 'release.pth'
-    torch.save(dict(model=weights(), args=argparse.Namespace(lr=4e-3, epochs=300),
-                    config=_yacs_config(), cfg=_EasyDict(lr=0.1, sched=dict(name='cos'))), path)
+    torch.save(
+        dict(
+            model=weights(),
+            args=argparse.Namespace(lr=4e-3, epochs=300),
+            config=_yacs_config(),
+            cfg=_EasyDict(lr=0.1, sched=dict(name='cos')),
+        ),
+        path,
+    )
     monkeypatch.delitem(sys.modules, 'easydict')
     before = snapshot()
     ckpt = load_checkpoint_file(path)
@@ -772,16 +1004,26 @@ def _toy_runner(work_dir, max_iters, **kwargs):
             return {'loss': ((out - labels) ** 2).mean()} if mode == 'loss' else out
 
     data = [dict(inputs=torch.randn(2), labels=torch.randn(1)) for _ in range(4)]
-    return Runner(model=Toy(), work_dir=str(work_dir), experiment_name=f'toy_{max_iters}',
-                  train_dataloader=dict(dataset=data, batch_size=2, num_workers=0,
-                                        sampler=dict(type='DefaultSampler', shuffle=False),
-                                        collate_fn=dict(type='default_collate')),
-                  train_cfg=dict(by_epoch=False, max_iters=max_iters),
-                  optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=2,
-                                                     by_epoch=False),
-                                     logger=dict(type='LoggerHook', interval=1)),
-                  default_scope='mmengine', **kwargs)
+    return Runner(
+        model=Toy(),
+        work_dir=str(work_dir),
+        experiment_name=f'toy_{max_iters}',
+        train_dataloader=dict(
+            dataset=data,
+            batch_size=2,
+            num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            collate_fn=dict(type='default_collate'),
+        ),
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        default_hooks=dict(
+            checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False),
+            logger=dict(type='LoggerHook', interval=1),
+        ),
+        default_scope='mmengine',
+        **kwargs,
+    )
 
 
 def test_an_mmengine_checkpoint_loads_and_resume_continues(tmp_path, benign):

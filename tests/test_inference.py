@@ -1,6 +1,7 @@
 """Inference and pictures: ``init_model(..., reparam=True)`` under mmdet's and mmseg's inference
 APIs, ``tools/image_demo.py`` and ``tools/vis_features.py``, on random-weight checkpoints of small
 configs (nothing is trained)."""
+
 import importlib.util
 import os.path as osp
 import re
@@ -72,8 +73,9 @@ def confident_retinanet(model):
 
 @pytest.fixture(scope='module')
 def image(tmp_path_factory):
-    root = make_shapes_coco(str(tmp_path_factory.mktemp('shapes')), num_train=1, num_val=1,
-                            size=128)
+    root = make_shapes_coco(
+        str(tmp_path_factory.mktemp('shapes')), num_train=1, num_val=1, size=128
+    )
     return osp.join(root, 'val', '00000.png')
 
 
@@ -122,8 +124,13 @@ def assert_same_detections(a, b, tol=1e-4):
     assert len(a) == len(b)
     unmatched = list(range(len(b)))
     for i in range(len(a)):
-        gaps = [max((a.bboxes[i] - b.bboxes[j]).abs().max().item(),
-                    abs(a.scores[i].item() - b.scores[j].item())) for j in unmatched]
+        gaps = [
+            max(
+                (a.bboxes[i] - b.bboxes[j]).abs().max().item(),
+                abs(a.scores[i].item() - b.scores[j].item()),
+            )
+            for j in unmatched
+        ]
         j = unmatched.pop(int(np.argmin(gaps)))
         assert min(gaps) <= tol and a.labels[i] == b.labels[j], (i, min(gaps))
 
@@ -157,6 +164,7 @@ def test_init_model_reparam_folds_and_sets_what_inference_reads(det):
 
 def test_folded_detector_predicts_the_same(det, image):
     from mmdet.apis import DetInferencer, inference_detector
+
     config, ckpt, _ = det
     plain = init_model(config, ckpt)
     folded = init_model(config, ckpt, reparam=True)
@@ -172,6 +180,7 @@ def test_folded_detector_predicts_the_same(det, image):
 
 def test_folded_segmentor_predicts_the_same(seg, image):
     from mmseg.apis import MMSegInferencer, inference_model
+
     config, ckpt = seg
     plain = init_model(config, ckpt)
     folded = init_model(config, ckpt, reparam=True)
@@ -188,8 +197,17 @@ def test_folded_segmentor_predicts_the_same(seg, image):
 def test_image_demo_draws_and_lists_detections(det, image, tmp_path):
     config, ckpt, _ = det
     out = tmp_path / 'pictures' / 'det.png'  # a directory that does not exist yet
-    code, stdout, stderr = run_tool('tools/image_demo.py', config, ckpt, image, '--reparam',
-                                    '--score-thr', '0.3', '--out-file', str(out))
+    code, stdout, stderr = run_tool(
+        'tools/image_demo.py',
+        config,
+        ckpt,
+        image,
+        '--reparam',
+        '--score-thr',
+        '0.3',
+        '--out-file',
+        str(out),
+    )
     assert code == 0, stderr[-3000:]
     count = int(re.search(r'^(\d+) detection\(s\) with score > 0.3', stdout, re.M).group(1))
     lines = re.findall(r'^(disc|box|wedge) +score (\d\.\d+)  box( +[\d.]+){4}$', stdout, re.M)
@@ -212,17 +230,18 @@ def test_image_demo_summarizes_segmentation(seg, image, tmp_path, capsys):
 
 
 @pytest.mark.parametrize('what', ['det', 'seg'])
-def test_vis_features_draws_outputs_before_and_after_folding(what, det, seg, image, tmp_path,
-                                                             capsys):
+def test_vis_features_draws_outputs_before_and_after_folding(
+    what, det, seg, image, tmp_path, capsys
+):
     config, ckpt = (det if what == 'det' else seg)[:2]
     out = tmp_path / 'features.png'
     rows = load_tool('vis_features').main([config, ckpt, image, '--out-file', str(out)])
     assert len(rows) == (3 if what == 'det' else 4)  # the backbone's out_indices
     assert all(0 < row['rel_diff'] < 1e-5 for row in rows)  # folded, and exactly so
-    printed = re.findall(r'^output \d .*max abs diff (\S+), relative (\S+)$',
-                         capsys.readouterr().out, re.M)
-    assert [float(r) for _, r in printed] == pytest.approx([r['rel_diff'] for r in rows],
-                                                           rel=1e-3)
+    printed = re.findall(
+        r'^output \d .*max abs diff (\S+), relative (\S+)$', capsys.readouterr().out, re.M
+    )
+    assert [float(r) for _, r in printed] == pytest.approx([r['rel_diff'] for r in rows], rel=1e-3)
     picture = read_png(out)
     assert picture.shape[0] >= 300 * len(rows) and picture.shape[1] >= 1200
     assert len(np.unique(picture.reshape(-1, 3), axis=0)) > 100  # colour maps, not blank
@@ -232,12 +251,15 @@ def test_vis_features_draws_outputs_before_and_after_folding(what, det, seg, ima
 def test_missing_inputs_are_one_line_each(tool, det, image, tmp_path):
     config, ckpt, _ = det
     script, out = f'tools/{tool}.py', str(tmp_path / 'x.png')
-    code, stdout, stderr = run_tool(script, 'no/config.py', 'no/ckpt.pth', 'no/image.png',
-                                    '--out-file', out)
+    code, stdout, stderr = run_tool(
+        script, 'no/config.py', 'no/ckpt.pth', 'no/image.png', '--out-file', out
+    )
     assert code == 1 and 'Traceback' not in stderr
-    assert stderr.splitlines() == [f'{tool}.py: config not found: no/config.py',
-                                   f'{tool}.py: checkpoint not found: no/ckpt.pth',
-                                   f'{tool}.py: image not found: no/image.png']
+    assert stderr.splitlines() == [
+        f'{tool}.py: config not found: no/config.py',
+        f'{tool}.py: checkpoint not found: no/ckpt.pth',
+        f'{tool}.py: image not found: no/image.png',
+    ]
     code, _, stderr = run_tool(script, config, ckpt, 'no/image.png', '--out-file', out)
     assert code == 1 and stderr.splitlines() == [f'{tool}.py: image not found: no/image.png']
     assert not osp.exists(out)

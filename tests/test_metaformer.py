@@ -1,4 +1,5 @@
 """ConvFormer and CAFormer: folds, timm parity, checkpoints, counts and options."""
+
 import copy
 import logging
 import re
@@ -44,24 +45,30 @@ def timm_tiny(cls):
     if cls is ConvFormer:
         kw = dict(token_mixers=[timm_mf.SepConv] * 4, norm_layers=timm_mf.LayerNorm2dNoBias)
     else:
-        kw = dict(token_mixers=[timm_mf.SepConv] * 2 + [timm_mf.Attention] * 2,
-                  norm_layers=[timm_mf.LayerNorm2dNoBias] * 2 + [timm_mf.LayerNormNoBias] * 2,
-                  head_dim=HEAD_DIM)
+        kw = dict(
+            token_mixers=[timm_mf.SepConv] * 2 + [timm_mf.Attention] * 2,
+            norm_layers=[timm_mf.LayerNorm2dNoBias] * 2 + [timm_mf.LayerNormNoBias] * 2,
+            head_dim=HEAD_DIM,
+        )
     return timm_mf.MetaFormer(**TINY, **kw)
 
 
 def with_output_norms(model, feats):
     """timm's stage outputs through our output norms, for comparison with our outputs."""
-    return [getattr(model, f'norm{i}')(f.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-            for i, f in enumerate(feats)]
+    return [
+        getattr(model, f'norm{i}')(f.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        for i, f in enumerate(feats)
+    ]
 
 
 def load_timm(model, timm_model):
-    return load_state_dict_checked(model, checkpoint_filter_fn(timm_model.state_dict(), model),
-                                   may_be_missing=['norm[0-9]*'])
+    return load_state_dict_checked(
+        model, checkpoint_filter_fn(timm_model.state_dict(), model), may_be_missing=['norm[0-9]*']
+    )
 
 
 # ----------------------------------------------------------------------------- folding
+
 
 @pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
 @pytest.mark.parametrize('hw', SIZES)
@@ -86,7 +93,7 @@ def test_fold_is_close_in_float32(cls):
 
 
 def test_published_model_folds_star_relu_scales_into_the_following_layer():
-    model = reparameterize(tiny(CAFormer, idle_ratio=0.))
+    model = reparameterize(tiny(CAFormer, idle_ratio=0.0))
     for block in (model.stages[0].blocks[0], model.stages[2].blocks[0]):
         ffn = block.ffn
         assert isinstance(ffn, ChannelIdleFFN) and ffn.deploy
@@ -125,11 +132,13 @@ def test_deploy_round_trip_and_idempotence(cls):
 
 def test_folding_refuses_training_mode():
     from mmrepa import FoldError
+
     with pytest.raises(FoldError, match='eval mode'):
         reparameterize(ConvFormer(arch=TINY, idle_ratio=0.75).train())
 
 
 # ----------------------------------------------------------------------------- timm parity
+
 
 @pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
 def test_timm_state_dict_gives_timm_outputs_in_float64(cls):
@@ -175,7 +184,8 @@ def windowed_timm(ref, windows):
     for i, stage in enumerate(ref.stages):
         if isinstance(stage.blocks[0].token_mixer, timm_mf.Attention):
             stage.downsample.register_forward_hook(
-                lambda m, i, out: hw.__setitem__('shape', out.shape[2:]))
+                lambda m, i, out: hw.__setitem__('shape', out.shape[2:])
+            )
             for block in stage.blocks:
                 block.token_mixer = Windowed(block.token_mixer, windows[i])
     return ref
@@ -194,19 +204,25 @@ def test_windows_change_only_the_attention():
         assert max_abs_diff(out[2:], global_ref[2:]) > 1e-3
         # and are exactly timm's model with its attention computed window by window
         windowed = windowed_timm(ref, WINDOWS)
-        expected = with_output_norms(ours, windowed.forward_intermediates(
-            x, intermediates_only=True))
+        expected = with_output_norms(
+            ours, windowed.forward_intermediates(x, intermediates_only=True)
+        )
         assert max_abs_diff(out, expected) <= 1e-10
 
 
 def test_global_blocks_attend_globally():
-    model = CAFormer(arch=TINY, head_dim=HEAD_DIM, window_size=(None, None, 3, 2),
-                     global_blocks=((), (), (1, ), ()))
+    model = CAFormer(
+        arch=TINY,
+        head_dim=HEAD_DIM,
+        window_size=(None, None, 3, 2),
+        global_blocks=((), (), (1,), ()),
+    )
     windows = [[b.token_mixer.window_size for b in s.blocks] for s in model.stages[2:]]
     assert windows == [[3, None], [2]]
 
 
 # ----------------------------------------------------------------------------- checkpoints
+
 
 def to_original_release(timm_state):
     """timm's names -> the sail-sg/metaformer release (the inverse of timm's converter)."""
@@ -259,8 +275,9 @@ def test_timm_checkpoint_file_loads_and_reports_what_it_did_not_load(tmp_path):
         model.init_weights()
     finally:
         logger.removeHandler(handler)
-    assert torch.equal(model.stages[1].blocks[0].mlp.fc1.weight,
-                       ref.stages[1].blocks[0].mlp.fc1.weight.flatten(1))
+    assert torch.equal(
+        model.stages[1].blocks[0].mlp.fc1.weight, ref.stages[1].blocks[0].mlp.fc1.weight.flatten(1)
+    )
     log = '\n'.join(records)
     assert 'left as initialised: norm0.weight' in log
     assert 'not used by ConvFormer: head.fc.fc1.weight' in log
@@ -281,8 +298,9 @@ def test_missing_core_weights_and_wrong_shapes_are_errors():
 def test_published_weights_cannot_silently_initialise_a_repa_model():
     repa = ConvFormer(arch=TINY, idle_ratio=0.75)
     with pytest.raises(KeyError, match='running_mean'):
-        load_state_dict_checked(repa, checkpoint_filter_fn(timm_tiny(ConvFormer).state_dict(),
-                                                           repa))
+        load_state_dict_checked(
+            repa, checkpoint_filter_fn(timm_tiny(ConvFormer).state_dict(), repa)
+        )
 
 
 def test_folded_and_unfolded_checkpoints_need_the_matching_deploy():
@@ -298,10 +316,16 @@ def test_folded_and_unfolded_checkpoints_need_the_matching_deploy():
 # ----------------------------------------------------------------------------- sizes, counts
 
 # SPEC §4 / the paper: parameters in millions, classification models with timm's head
-PAPER_PARAMS = {('convformer', 's18'): 27, ('convformer', 's36'): 40,
-                ('convformer', 'm36'): 57, ('convformer', 'b36'): 100,
-                ('caformer', 's18'): 26, ('caformer', 's36'): 39,
-                ('caformer', 'm36'): 56, ('caformer', 'b36'): 99}
+PAPER_PARAMS = {
+    ('convformer', 's18'): 27,
+    ('convformer', 's36'): 40,
+    ('convformer', 'm36'): 57,
+    ('convformer', 'b36'): 100,
+    ('caformer', 's18'): 26,
+    ('caformer', 's36'): 39,
+    ('caformer', 'm36'): 56,
+    ('caformer', 'b36'): 99,
+}
 
 
 def _params(module):
@@ -313,7 +337,7 @@ def test_parameter_counts_match_timm_and_the_paper(family, arch):
     cls = ConvFormer if family == 'convformer' else CAFormer
     with torch.device('meta'):  # shapes only: instant even for B36
         ref = timm.create_model(f'{family}_{arch}', pretrained=False)
-        ours = cls(arch, out_indices=(3, ))  # norm3 plays timm's head.norm
+        ours = cls(arch, out_indices=(3,))  # norm3 plays timm's head.norm
     classifier = _params(ref.head.fc)  # timm's MLP head: fc1, norm, fc2
     assert _params(ours) + classifier == _params(ref)
     assert round((_params(ours) + classifier) / 1e6) == PAPER_PARAMS[family, arch]
@@ -351,7 +375,8 @@ def test_norm_eval_freezes_batchnorm_statistics_only():
     assert all(torch.equal(b, m.running_mean) for b, m in zip(before, bns))
     assert model.stages[0].blocks[0].training
     synced = nn.SyncBatchNorm.convert_sync_batchnorm(
-        ConvFormer(arch=TINY, idle_ratio=0.75, norm_eval=True)).train()
+        ConvFormer(arch=TINY, idle_ratio=0.75, norm_eval=True)
+    ).train()
     assert all(not m.training for m in synced.modules() if isinstance(m, nn.SyncBatchNorm))
 
 
@@ -384,19 +409,26 @@ def test_init_weights_follow_timm():
     assert act.scale.item() == 1.0 and act.bias.item() == 0.0
 
 
-@pytest.mark.parametrize('cls, kwargs, message', [
-    (ConvFormer, dict(arch='t18'), r"unknown arch 't18'"),
-    (ConvFormer, dict(arch=dict(depths=(1, 1, 1), dims=(8, 8, 8))), 'needs 4 depths and 4 dims'),
-    (ConvFormer, dict(idle_ratio=1.5), r'idle_ratio must be in \[0, 1\]'),
-    (ConvFormer, dict(idle_ratio=[0.5, 0.5]), 'idle_ratio has 2 entries but the model has 4'),
-    (ConvFormer, dict(out_indices=(4, )), r'out_indices .* \[0, 3\]'),
-    (ConvFormer, dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\]'),
-    (CAFormer, dict(window_size=0), 'window_size must be None .* or an integer >= 1'),
-    (CAFormer, dict(window_size=(7, None, 14, 7)), 'stage 1 has no attention'),
-    (CAFormer, dict(global_blocks=((), (), (9, ), ())), 'block 9 does not exist in stage 3'),
-    (CAFormer, dict(global_blocks=((0, ), (), (), ())), 'stage 1 has no attention'),
-    (CAFormer, dict(global_blocks=(1, 2)), 'global_blocks must give a sequence'),
-])
+@pytest.mark.parametrize(
+    'cls, kwargs, message',
+    [
+        (ConvFormer, dict(arch='t18'), r"unknown arch 't18'"),
+        (
+            ConvFormer,
+            dict(arch=dict(depths=(1, 1, 1), dims=(8, 8, 8))),
+            'needs 4 depths and 4 dims',
+        ),
+        (ConvFormer, dict(idle_ratio=1.5), r'idle_ratio must be in \[0, 1\]'),
+        (ConvFormer, dict(idle_ratio=[0.5, 0.5]), 'idle_ratio has 2 entries but the model has 4'),
+        (ConvFormer, dict(out_indices=(4,)), r'out_indices .* \[0, 3\]'),
+        (ConvFormer, dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\]'),
+        (CAFormer, dict(window_size=0), 'window_size must be None .* or an integer >= 1'),
+        (CAFormer, dict(window_size=(7, None, 14, 7)), 'stage 1 has no attention'),
+        (CAFormer, dict(global_blocks=((), (), (9,), ())), 'block 9 does not exist in stage 3'),
+        (CAFormer, dict(global_blocks=((0,), (), (), ())), 'stage 1 has no attention'),
+        (CAFormer, dict(global_blocks=(1, 2)), 'global_blocks must give a sequence'),
+    ],
+)
 def test_bad_options_say_what_is_wrong(cls, kwargs, message):
     with pytest.raises(ValueError, match=message):
         cls(**kwargs)
@@ -412,21 +444,31 @@ def test_bad_input_says_what_is_expected():
 
 # ----------------------------------------------------------------------------- configs, tools
 
+
 def test_the_issue_configs_exist():
     import os.path as osp
+
     from .test_configs import CONFIGS
+
     names = {osp.basename(c) for c in CONFIGS}
     expected = []
     for fam in ('convformer', 'caformer'):
-        expected += [f'mask-rcnn_{fam}_s18_ms-3x_coco.py', f'retinanet_{fam}_s18_1x_coco.py',
-                     f'mask-rcnn_repa_{fam}_s18_ms-3x_coco.py',
-                     f'retinanet_repa_{fam}_s18_1x_coco.py']
+        expected += [
+            f'mask-rcnn_{fam}_s18_ms-3x_coco.py',
+            f'retinanet_{fam}_s18_1x_coco.py',
+            f'mask-rcnn_repa_{fam}_s18_ms-3x_coco.py',
+            f'retinanet_repa_{fam}_s18_1x_coco.py',
+        ]
         for arch in ('s18', 's36', 'm36'):
-            expected += [f'cascade-mask-rcnn_{fam}_{arch}_ms-3x_coco.py',
-                         f'upernet_{fam}_{arch}_512x512_160k_ade20k.py']
+            expected += [
+                f'cascade-mask-rcnn_{fam}_{arch}_ms-3x_coco.py',
+                f'upernet_{fam}_{arch}_512x512_160k_ade20k.py',
+            ]
         for arch in ('s18', 'm36'):
-            expected += [f'cascade-mask-rcnn_repa_{fam}_{arch}_ms-3x_coco.py',
-                         f'upernet_repa_{fam}_{arch}_512x512_160k_ade20k.py']
+            expected += [
+                f'cascade-mask-rcnn_repa_{fam}_{arch}_ms-3x_coco.py',
+                f'upernet_repa_{fam}_{arch}_512x512_160k_ade20k.py',
+            ]
     assert sorted(set(expected) - names) == []
 
 
@@ -435,10 +477,13 @@ def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
     import os.path as osp
     import subprocess
     import sys
+
     from mmdet.registry import MODELS as DET_MODELS
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
+
     from mmrepa.datasets import make_shapes_coco
+
     root = osp.dirname(osp.dirname(osp.abspath(__file__)))
     config = osp.join(root, 'configs', 'demo', 'retinanet_repa_caformer_shapes.py')
     with DefaultScope.overwrite_default_scope('mmdet'):
@@ -447,15 +492,34 @@ def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
     ckpt = str(tmp_path / 'caformer.pth')
     torch.save({'state_dict': detector.state_dict(), 'meta': {}}, ckpt)
     data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=2, size=64) + '/'
-    options = [f'test_dataloader.dataset.data_root={data}', 'test_dataloader.num_workers=0',
-               'test_dataloader.persistent_workers=False',
-               f'test_evaluator.ann_file={data}annotations/val.json',
-               'model.test_cfg.score_thr=0.0']
+    options = [
+        f'test_dataloader.dataset.data_root={data}',
+        'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False',
+        f'test_evaluator.ann_file={data}annotations/val.json',
+        'model.test_cfg.score_thr=0.0',
+    ]
     metrics = str(tmp_path / 'metrics.json')
     proc = subprocess.run(
-        [sys.executable, 'tools/test.py', config, ckpt, '--reparam', '--latency-batches', '1',
-         '--work-dir', str(tmp_path / 'work'), '--dump-metrics', metrics, '--cfg-options',
-         *options], cwd=root, capture_output=True, text=True)
+        [
+            sys.executable,
+            'tools/test.py',
+            config,
+            ckpt,
+            '--reparam',
+            '--latency-batches',
+            '1',
+            '--work-dir',
+            str(tmp_path / 'work'),
+            '--dump-metrics',
+            metrics,
+            '--cfg-options',
+            *options,
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     assert 'folded model verified' in log and 'parameters (M)' in log

@@ -1,4 +1,5 @@
 """StarReLU, SepConv and windowed self-attention: the MetaFormer layers, against references."""
+
 import copy
 import math
 import weakref
@@ -20,12 +21,13 @@ from .conftest import max_abs_diff, randomize_
 
 def test_star_relu_is_its_formula_with_and_without_autograd():
     # from any scope through mmcv as 'mmrepa.StarReLU'; by its plain name inside mmrepa
-    act = build_activation_layer(dict(type='mmrepa.StarReLU', scale_value=0.8944,
-                                      bias_value=-0.4472))
+    act = build_activation_layer(
+        dict(type='mmrepa.StarReLU', scale_value=0.8944, bias_value=-0.4472)
+    )
     assert isinstance(act, StarReLU)
     assert isinstance(mmrepa_build_activation(dict(type='StarReLU')), StarReLU)
     x = torch.randn(4, 33, requires_grad=True)
-    expected = 0.8944 * torch.clamp(x, min=0)**2 - 0.4472
+    expected = 0.8944 * torch.clamp(x, min=0) ** 2 - 0.4472
     y = act(x)  # autograd path
     torch.testing.assert_close(y, expected)
     y.sum().backward()
@@ -64,7 +66,7 @@ def reference_sep_conv(m, x):
     """The published SepConv written out: NCHW convolutions, StarReLU from its formula."""
     x = x.permute(0, 3, 1, 2)
     h = F.conv2d(x, m.pwconv1.weight[:, :, None, None])
-    h = m.act1.scale * torch.relu(h)**2 + m.act1.bias
+    h = m.act1.scale * torch.relu(h) ** 2 + m.act1.bias
     h = F.conv2d(h, m.dwconv.weight, padding=m.dwconv.padding, groups=m.dwconv.groups)
     return F.conv2d(h, m.pwconv2.weight[:, :, None, None]).permute(0, 2, 3, 1)
 
@@ -87,8 +89,9 @@ def test_sep_conv_fold_is_close_in_float32_and_keeps_a_conv_bias():
     m = sep_conv(dims=20, dtype=torch.float32, bias=True)
     x = torch.randn(1, 23, 17, 20)
     ref = m(x)
-    torch.testing.assert_close(reparameterize(copy.deepcopy(m))(x), ref, rtol=1e-5,
-                               atol=1e-5 * ref.abs().max().item())
+    torch.testing.assert_close(
+        reparameterize(copy.deepcopy(m))(x), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item()
+    )
 
 
 def test_sep_conv_with_a_zero_star_relu_scale_refuses_to_fold():
@@ -113,18 +116,19 @@ def naive_windowed_attention(attn, x, window):
     w = window or max(H, W)
     for r in range(0, H, w):
         for c in range(0, W, w):
-            tokens = x[:, r:r + w, c:c + w]
+            tokens = x[:, r : r + w, c : c + w]
             h, wd = tokens.shape[1:3]
             qkv = attn.qkv(tokens.reshape(B, h * wd, C))
             q, k, v = qkv.view(B, h * wd, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
             a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim), dim=-1)
             y = (a @ v).transpose(1, 2).reshape(B, h * wd, -1)
-            out[:, r:r + w, c:c + w] = attn.proj(y).view(B, h, wd, C)
+            out[:, r : r + w, c : c + w] = attn.proj(y).view(B, h, wd, C)
     return out
 
 
-@pytest.mark.parametrize('window, hw', [(None, (5, 7)), (3, (5, 7)), (3, (6, 9)), (4, (3, 11)),
-                                        (7, (7, 7)), (7, (3, 5))])
+@pytest.mark.parametrize(
+    'window, hw', [(None, (5, 7)), (3, (5, 7)), (3, (6, 9)), (4, (3, 11)), (7, (7, 7)), (7, (3, 5))]
+)
 def test_windowed_attention_matches_a_naive_window_loop(window, hw):
     attn = randomize_(WindowedSelfAttention(24, head_dim=8, window_size=window)).double()
     x = torch.randn(2, *hw, 24, dtype=torch.float64)

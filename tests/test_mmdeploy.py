@@ -6,6 +6,7 @@ Tiny demo models (configs/demo, random weights with non-trivial BatchNorm statis
 generated data. The detectors are traced at 96 x 96, so the window attention pads (the last
 stages' 6 x 6 and 3 x 3 maps against windows of 4) and shifts; the UperNet at 48 x 48, where
 its pyramid pooling takes a 2 x 2 map to 3 x 3 and 6 x 6."""
+
 import argparse
 import ast
 import json
@@ -24,7 +25,7 @@ pytest.importorskip('onnxruntime')
 pytest.importorskip('mmdeploy')
 
 import mmrepa  # noqa: E402
-import mmrepa.deploy  # noqa: E402
+import mmrepa.integrations.mmdeploy  # noqa: E402
 from mmrepa.apis import init_model  # noqa: E402
 from mmrepa.datasets import make_shapes_ade20k, make_shapes_coco  # noqa: E402
 
@@ -59,8 +60,9 @@ def random_checkpoint(config, options, path, seed=0):
             if isinstance(m, _BatchNorm):
                 m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.5)
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-    torch.save(dict(state_dict=model.state_dict(),
-                    meta=dict(dataset_meta=model.dataset_meta)), path)
+    torch.save(
+        dict(state_dict=model.state_dict(), meta=dict(dataset_meta=model.dataset_meta)), path
+    )
     return path
 
 
@@ -80,8 +82,11 @@ def detector_options(coco):
 def upernet_options(ade):
     options = []
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        options += [f'{loader}.dataset.data_root={ade}', f'{loader}.num_workers=0',
-                    f'{loader}.persistent_workers=False']
+        options += [
+            f'{loader}.dataset.data_root={ade}',
+            f'{loader}.num_workers=0',
+            f'{loader}.persistent_workers=False',
+        ]
     return options
 
 
@@ -100,13 +105,28 @@ def test_whole_model_exports_and_onnxruntime_equals_pytorch(name, data, tmp_path
     ckpt = random_checkpoint(config, options, str(tmp_path / 'model.pth'))
     out = tmp_path / 'out'
     # RetinaNet exports the config's first test image (the default); the others a given one
-    image = [] if name == 'retinanet' else [
-        '--image', (osp.join(ade, 'images', 'validation', 'shapes_validation_00001.jpg')
-                    if name == 'upernet' else osp.join(coco, 'val', '00001.png'))]
-    report, log = run_script_here(TOOL, config, ckpt, deploy_cfg, '--out', out, *image,
-                                  '--cfg-options', *options)
-    assert sorted(os.listdir(out)) == ['deploy_cfg.py', 'end2end.onnx', 'folded.pth',
-                                       'model_cfg.py', 'report.json']
+    image = (
+        []
+        if name == 'retinanet'
+        else [
+            '--image',
+            (
+                osp.join(ade, 'images', 'validation', 'shapes_validation_00001.jpg')
+                if name == 'upernet'
+                else osp.join(coco, 'val', '00001.png')
+            ),
+        ]
+    )
+    report, log = run_script_here(
+        TOOL, config, ckpt, deploy_cfg, '--out', out, *image, '--cfg-options', *options
+    )
+    assert sorted(os.listdir(out)) == [
+        'deploy_cfg.py',
+        'end2end.onnx',
+        'folded.pth',
+        'model_cfg.py',
+        'report.json',
+    ]
     with open(out / 'report.json') as f:
         assert json.load(f) == report
     assert report['folded'] and report['params_after'] < report['params_before']
@@ -141,32 +161,49 @@ def test_a_model_mmdeploy_cannot_export_is_refused_with_the_reason(data, tmp_pat
     config = osp.join(DEMO, CASES['retinanet'][0])
     options = detector_options(coco) + ['model.test_cfg.nms.type=soft_nms']
     ckpt = random_checkpoint(config, options, str(tmp_path / 'model.pth'))
-    line = _refused(tmp_path, config, ckpt, osp.join(DEPLOY, CASES['retinanet'][1]),
-                    '--cfg-options', *options)
+    line = _refused(
+        tmp_path, config, ckpt, osp.join(DEPLOY, CASES['retinanet'][1]), '--cfg-options', *options
+    )
     assert line.startswith(f'{TOOL}: cannot export {config}')
     assert 'mmdeploy could not export the folded RetinaNet' in line
     assert 'soft_nms' in line and 'nothing written to' in line
     assert sorted(os.listdir(tmp_path)) == ['model.pth']
 
 
-@pytest.mark.parametrize('config, deploy_cfg, reason', [
-    ('classifier_repa_caformer_shapes.py', 'detection_onnxruntime_static.py',
-     "the model is mmpretrain's ImageClassifier, but the deploy config exports mmdet "
-     'ObjectDetection models'),
-    ('upernet_repa_convformer_shapes.py', 'detection_onnxruntime_static.py',
-     'use configs/deploy/segmentation_onnxruntime_static.py'),
-    ('mask-rcnn_prepbn_swin_shapes.py', 'detection_onnxruntime_static.py',
-     'the MaskRCNN predicts masks'),
-    ('retinanet_repa_swin_shapes.py', 'dynamic', 'dynamic input sizes'),
-    ('retinanet_repa_swin_shapes.py', 'tensorrt', 'its backend is tensorrt'),
-])
+@pytest.mark.parametrize(
+    'config, deploy_cfg, reason',
+    [
+        (
+            'classifier_repa_caformer_shapes.py',
+            'detection_onnxruntime_static.py',
+            "the model is mmpretrain's ImageClassifier, but the deploy config exports mmdet "
+            'ObjectDetection models',
+        ),
+        (
+            'upernet_repa_convformer_shapes.py',
+            'detection_onnxruntime_static.py',
+            'use configs/deploy/segmentation_onnxruntime_static.py',
+        ),
+        (
+            'mask-rcnn_prepbn_swin_shapes.py',
+            'detection_onnxruntime_static.py',
+            'the MaskRCNN predicts masks',
+        ),
+        ('retinanet_repa_swin_shapes.py', 'dynamic', 'dynamic input sizes'),
+        ('retinanet_repa_swin_shapes.py', 'tensorrt', 'its backend is tensorrt'),
+    ],
+)
 def test_what_the_deploy_config_cannot_export_is_refused_before_building(
-        config, deploy_cfg, reason, tmp_path):
+    config, deploy_cfg, reason, tmp_path
+):
     if deploy_cfg in ('dynamic', 'tensorrt'):
         path = tmp_path / f'{deploy_cfg}.py'
-        extra = ("onnx_config = dict(dynamic_axes={'input': {0: 'batch', 2: 'h', 3: 'w'}})"
-                 if deploy_cfg == 'dynamic' else "backend_config = dict(type='tensorrt')")
-        path.write_text(f"_base_ = [{osp.join(DEPLOY, CASES['retinanet'][1])!r}]\n{extra}\n")
+        extra = (
+            "onnx_config = dict(dynamic_axes={'input': {0: 'batch', 2: 'h', 3: 'w'}})"
+            if deploy_cfg == 'dynamic'
+            else "backend_config = dict(type='tensorrt')"
+        )
+        path.write_text(f'_base_ = [{osp.join(DEPLOY, CASES["retinanet"][1])!r}]\n{extra}\n')
         deploy_cfg = str(path)
     else:
         deploy_cfg = osp.join(DEPLOY, deploy_cfg)
@@ -180,24 +217,32 @@ def test_existing_output_needs_force(tmp_path):
     out = tmp_path / 'out'
     out.mkdir()
     config = osp.join(DEMO, CASES['retinanet'][0])
-    _, log = run_script_here(TOOL, config, config, osp.join(DEPLOY, CASES['retinanet'][1]),
-                             '--out', out, ok=False)
+    _, log = run_script_here(
+        TOOL, config, config, osp.join(DEPLOY, CASES['retinanet'][1]), '--out', out, ok=False
+    )
     assert log.strip().endswith(f'{out} exists; pass --force to replace it')
 
 
 # ------------------------------------------------------------------------ the rewrites alone
+
 
 def test_exact_sdpa_is_pytorchs_attention():
     q, k, v = torch.randn(3, 2, 4, 16, 8).unbind(0)
     float_mask = torch.randn(2, 1, 16, 16)
     bool_mask = torch.rand(2, 1, 16, 16) > 0.3
     bool_mask[..., 0] = True  # every query sees a key
-    for kwargs in (dict(), dict(scale=0.37), dict(attn_mask=float_mask),
-                   dict(attn_mask=bool_mask, scale=1.0)):
-        torch.testing.assert_close(mmrepa.deploy.exact_sdpa(q, k, v, **kwargs),
-                                   F.scaled_dot_product_attention(q, k, v, **kwargs))
+    for kwargs in (
+        dict(),
+        dict(scale=0.37),
+        dict(attn_mask=float_mask),
+        dict(attn_mask=bool_mask, scale=1.0),
+    ):
+        torch.testing.assert_close(
+            mmrepa.integrations.mmdeploy.exact_sdpa(q, k, v, **kwargs),
+            F.scaled_dot_product_attention(q, k, v, **kwargs),
+        )
     with pytest.raises(NotImplementedError, match='dropout_p'):
-        mmrepa.deploy.exact_sdpa(q, k, v, dropout_p=0.1)
+        mmrepa.integrations.mmdeploy.exact_sdpa(q, k, v, dropout_p=0.1)
 
 
 def test_every_sdpa_call_in_mmrepa_is_rewritten():
@@ -208,12 +253,13 @@ def test_every_sdpa_call_in_mmrepa_is_rewritten():
     for folder, _, files in os.walk(package):
         for name in files:
             if not name.endswith('.py') or osp.join(folder, name).startswith(
-                    osp.join(package, 'deploy')):
+                osp.join(package, 'deploy')
+            ):
                 continue
             path = osp.join(folder, name)
             module = osp.splitext(osp.relpath(path, ROOT))[0].replace(os.sep, '.')
             calls |= _sdpa_callers(ast.parse(open(path).read()), module)
-    assert calls and calls == set(mmrepa.deploy.SDPA_METHODS)
+    assert calls and calls == set(mmrepa.integrations.mmdeploy.SDPA_METHODS)
 
 
 def _sdpa_callers(tree, prefix):
@@ -222,8 +268,9 @@ def _sdpa_callers(tree, prefix):
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             path = f'{prefix}.{node.name}'
             if isinstance(node, ast.FunctionDef) and any(
-                    isinstance(n, ast.Attribute) and n.attr == 'scaled_dot_product_attention'
-                    for n in ast.walk(node)):
+                isinstance(n, ast.Attribute) and n.attr == 'scaled_dot_product_attention'
+                for n in ast.walk(node)
+            ):
                 found.add(path)
             else:
                 found |= _sdpa_callers(node, path)
@@ -233,6 +280,7 @@ def _sdpa_callers(tree, prefix):
 def test_adaptive_pooling_is_exact_under_the_onnxruntime_rewrites():
     from mmdeploy.core import RewriterContext
     from mmengine.config import Config
+
     cfg = Config.fromfile(osp.join(DEPLOY, CASES['upernet'][1]))
     x = torch.randn(2, 3, 16, 11)
     sizes = [1, 2, 3, 6, (4, None), (16, 11)]
@@ -246,31 +294,45 @@ def test_adaptive_pooling_is_exact_under_the_onnxruntime_rewrites():
 
 def test_rewriter_context_puts_every_function_back():
     """In a fresh process the first RewriterContext used to raise KeyError on exit and leave
-    its rewrites in place (mmrepa.deploy.rewriters, point 5)."""
-    code = ('import torch.nn.functional as F\n'
-            'import mmrepa.deploy\n'
-            'from mmdeploy.core import RewriterContext\n'
-            'from mmengine.config import Config\n'
-            f'cfg = Config.fromfile({osp.join(DEPLOY, CASES["upernet"][1])!r})\n'
-            'import torch\n'
-            'kept = F.adaptive_avg_pool2d, torch.linspace\n'
-            'for _ in range(2):\n'
-            '    with RewriterContext(cfg=cfg, backend="onnxruntime", opset=11):\n'
-            '        pass\n'
-            '    assert (F.adaptive_avg_pool2d, torch.linspace) == kept\n'
-            'print("restored")\n')
-    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
-                          text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    its rewrites in place (mmrepa.integrations.mmdeploy.rewriters, point 5)."""
+    code = (
+        'import torch.nn.functional as F\n'
+        'import mmrepa.integrations.mmdeploy\n'
+        'from mmdeploy.core import RewriterContext\n'
+        'from mmengine.config import Config\n'
+        f'cfg = Config.fromfile({osp.join(DEPLOY, CASES["upernet"][1])!r})\n'
+        'import torch\n'
+        'kept = F.adaptive_avg_pool2d, torch.linspace\n'
+        'for _ in range(2):\n'
+        '    with RewriterContext(cfg=cfg, backend="onnxruntime", opset=11):\n'
+        '        pass\n'
+        '    assert (F.adaptive_avg_pool2d, torch.linspace) == kept\n'
+        'print("restored")\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS='1'),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'restored' in proc.stdout
 
 
 def test_mmrepa_imports_without_mmdeploy():
-    code = ('import sys; sys.modules["mmdeploy"] = None\n'
-            'import mmrepa\n'
-            'try:\n    import mmrepa.deploy\n'
-            'except ImportError as e:\n    print(e)\n')
-    proc = subprocess.run([sys.executable, '-c', code], cwd='/', capture_output=True,
-                          text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    code = (
+        'import sys; sys.modules["mmdeploy"] = None\n'
+        'import mmrepa\n'
+        'try:\n    import mmrepa.integrations.mmdeploy\n'
+        'except ImportError as e:\n    print(e)\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd='/',
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS='1'),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert 'mmrepa.deploy needs mmdeploy 1.3.1' in proc.stdout
+    assert 'mmrepa.integrations.mmdeploy needs mmdeploy 1.3.1' in proc.stdout

@@ -1,4 +1,5 @@
 """The model index (model-index.yml, configs/metafiles) and its packaging in mmrepa/.mim."""
+
 import importlib.util
 import json
 import os
@@ -20,7 +21,8 @@ CHEAPEST = 'configs/hs_repopt_vgg_b1_cifar100.py'
 
 def load_generator():
     spec = importlib.util.spec_from_file_location(
-        'gen_metafiles', osp.join(ROOT, 'tools', 'misc', 'gen_metafiles.py'))
+        'gen_metafiles', osp.join(ROOT, 'tools', 'misc', 'gen_metafiles.py')
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,9 +45,13 @@ def indexed_models() -> dict:
 
 
 def test_mim_dir_is_installed():
-    for path in ('model-index.yml', 'configs/retinanet_repa_swin_t_1x_coco.py',
-                 'configs/demo/retinanet_repa_swin_shapes.py', 'tools/train.py',
-                 'tools/test.py'):
+    for path in (
+        'model-index.yml',
+        'configs/retinanet_repa_swin_t_1x_coco.py',
+        'configs/demo/retinanet_repa_swin_shapes.py',
+        'tools/train.py',
+        'tools/test.py',
+    ):
         assert osp.exists(osp.join(MIM, path)), f'mmrepa/.mim/{path} is missing: {REINSTALL}'
     if MIM.startswith(ROOT + osp.sep):  # editable install: links to the live files
         assert osp.realpath(osp.join(MIM, 'configs')) == osp.join(ROOT, 'configs')
@@ -55,6 +61,7 @@ def test_index_has_every_config_with_its_paper():
     """What the library of mim reads: every config once, each path existing in the checkout
     and in mmrepa/.mim, each collection with a paper; no weights are published."""
     from modelindex.load_model_index import load
+
     gen = load_generator()
     index = load(osp.join(ROOT, 'model-index.yml'))
     index.build_models_with_collections()
@@ -88,8 +95,12 @@ def test_entry_equals_a_fresh_get_flops_run(tmp_path):
     """The numbers are get_flops's, not typed in: the cheapest config, counted again."""
     gen = load_generator()
     out = str(tmp_path / 'counts.json')
-    proc = subprocess.run([sys.executable, 'tools/get_flops.py', CHEAPEST, '--json', out],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, 'tools/get_flops.py', CHEAPEST, '--json', out],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     with open(out) as f:
         counts = json.load(f)
@@ -105,15 +116,30 @@ def install_wheel(tmp_path) -> str:
     The build's own directories are under ``tmp_path`` too, not in the checkout."""
     # (not the egg-info beside the site either: pkg_resources would take it for the package)
     (tmp_path / 'build').mkdir()
-    build = ['egg_info', '-e', str(tmp_path / 'build'), 'build', '-b', str(tmp_path / 'build'),
-             'bdist_wheel', '-d', str(tmp_path / 'dist'), '-b', str(tmp_path / 'bdist')]
-    proc = subprocess.run([sys.executable, 'setup.py', '-q', *build], cwd=ROOT,
-                          capture_output=True, text=True)
+    build = [
+        'egg_info',
+        '-e',
+        str(tmp_path / 'build'),
+        'build',
+        '-b',
+        str(tmp_path / 'build'),
+        'bdist_wheel',
+        '-d',
+        str(tmp_path / 'dist'),
+        '-b',
+        str(tmp_path / 'bdist'),
+    ]
+    proc = subprocess.run(
+        [sys.executable, 'setup.py', '-q', *build], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    wheel, = (tmp_path / 'dist').glob('mmrepa-*.whl')
+    (wheel,) = (tmp_path / 'dist').glob('mmrepa-*.whl')
     site = str(tmp_path / 'site')
-    proc = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps',
-                           '--target', site, str(wheel)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pip', 'install', '-q', '--no-deps', '--target', site, str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return site
 
@@ -123,22 +149,31 @@ def test_a_wheel_carries_copies_and_mim_search_finds_the_models(tmp_path):
     ``mim search`` finds the models there by name."""
     site = install_wheel(tmp_path)
     mim = osp.join(site, 'mmrepa', '.mim')
-    for path in ('model-index.yml', 'configs/retinanet_repa_swin_t_1x_coco.py',
-                 'configs/metafiles/repa_swin.yml', 'tools/train.py'):
+    for path in (
+        'model-index.yml',
+        'configs/retinanet_repa_swin_t_1x_coco.py',
+        'configs/metafiles/repa_swin.yml',
+        'tools/train.py',
+    ):
         assert osp.isfile(osp.join(mim, path)) and not osp.islink(osp.join(mim, path)), path
     assert not osp.islink(osp.join(mim, 'configs'))
     # mim finds a package where its distribution says it is: the site directory comes first
     # on the path (before the editable install), as pip's target would in a fresh environment
     out = str(tmp_path / 'found.json')
     proc = subprocess.run(
-        [sys.executable, '-m', 'mim', 'search', 'mmrepa', '--model', 'repa-swin', '--json',
-         out], cwd=str(tmp_path), capture_output=True, text=True,
-        env={**os.environ, 'PYTHONPATH': site})
+        [sys.executable, '-m', 'mim', 'search', 'mmrepa', '--model', 'repa-swin', '--json', out],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        env={**os.environ, 'PYTHONPATH': site},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(out) as f:
         found = json.load(f)['config']  # {field: {config id: value}}
     models = indexed_models()
-    assert sorted(found) == sorted(n for n, m in models.items()
-                                   if m['In Collection'] == 'RePa-Swin'), found
-    assert found['retinanet_repa_swin_t_1x_coco'] == models['retinanet_repa_swin_t_1x_coco'][
-        'Config']
+    assert sorted(found) == sorted(
+        n for n, m in models.items() if m['In Collection'] == 'RePa-Swin'
+    ), found
+    assert (
+        found['retinanet_repa_swin_t_1x_coco'] == models['retinanet_repa_swin_t_1x_coco']['Config']
+    )

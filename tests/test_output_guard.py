@@ -6,6 +6,7 @@ old output (and, on SIGTERM, no temporary file).
 The tools run in this process (``run_script_here``) and stop at the guard, before a model or a
 runner is built: every input but the demo config's data is a few bytes.
 """
+
 import hashlib
 import os
 import os.path as osp
@@ -56,8 +57,7 @@ class Inputs:
 
     def digest(self) -> dict:
         """sha256 of every input file, and of the repository files the runs name."""
-        paths = [DEMO, DEPLOY_CFG] + [osp.join(r, f) for r, _, fs in os.walk(self.root)
-                                      for f in fs]
+        paths = [DEMO, DEPLOY_CFG] + [osp.join(r, f) for r, _, fs in os.walk(self.root) for f in fs]
         return {p: hashlib.sha256(open(p, 'rb').read()).hexdigest() for p in sorted(paths)}
 
 
@@ -92,61 +92,99 @@ def linked(kind: str, target: str, tmp_path, suffix: str = '') -> str:
 FILE_OUTPUTS = [
     ('tools/reparameterize.py', 'OUT', 'ckpt', ['{config}', '{ckpt}', '{out}', '--force']),
     ('tools/reparameterize.py', 'OUT', 'config', ['{config}', '{ckpt}', '{out}', '--force']),
-    ('tools/misc/repopt_export_scales.py', 'OUT', 'ckpt',
-     ['{config}', '{ckpt}', '{out}', '--force']),
-    ('tools/export_onnx.py', '--out', 'ckpt', ['{config}', '{ckpt}', '--shape', '32', '32',
-                                               '--out', '{out}']),
+    (
+        'tools/misc/repopt_export_scales.py',
+        'OUT',
+        'ckpt',
+        ['{config}', '{ckpt}', '{out}', '--force'],
+    ),
+    (
+        'tools/export_onnx.py',
+        '--out',
+        'ckpt',
+        ['{config}', '{ckpt}', '--shape', '32', '32', '--out', '{out}'],
+    ),
     ('tools/test.py', '--dump-metrics', 'ckpt', ['{config}', '{ckpt}', '--dump-metrics', '{out}']),
     ('tools/test.py', '--out', 'ckpt', ['{config}', '{ckpt}', '--out', '{out}']),
-    ('tools/benchmark.py', '--out', 'ckpt', ['{config}', '--checkpoint', '{ckpt}', '--out',
-                                             '{out}']),
-    ('tools/benchmark.py', '--plot', 'config', ['{config}', '--checkpoint', '{ckpt}', '--plot',
-                                                '{out}']),
-    ('tools/vis_features.py', '--out-file', 'image', ['{config}', '{ckpt}', '{image}',
-                                                      '--out-file', '{out}']),
-    ('tools/image_demo.py', '--out-file', 'image', ['{config}', '{ckpt}', '{image}',
-                                                    '--out-file', '{out}']),
+    (
+        'tools/benchmark.py',
+        '--out',
+        'ckpt',
+        ['{config}', '--checkpoint', '{ckpt}', '--out', '{out}'],
+    ),
+    (
+        'tools/benchmark.py',
+        '--plot',
+        'config',
+        ['{config}', '--checkpoint', '{ckpt}', '--plot', '{out}'],
+    ),
+    (
+        'tools/vis_features.py',
+        '--out-file',
+        'image',
+        ['{config}', '{ckpt}', '{image}', '--out-file', '{out}'],
+    ),
+    (
+        'tools/image_demo.py',
+        '--out-file',
+        'image',
+        ['{config}', '{ckpt}', '{image}', '--out-file', '{out}'],
+    ),
     ('tools/recalibrate_bn.py', 'OUT', 'ckpt', ['{config}', '{ckpt}', '{out}']),
     ('tools/quantize.py', '--out', 'ckpt', ['{config}', '{ckpt}', '--out', '{out}', '--force']),
     ('tools/quantize.py', '--dump', 'config', ['{config}', '{ckpt}', '--dump', '{out}']),
-    ('tools/get_flops.py', '--json', 'ckpt', ['{config}', '--checkpoint', '{ckpt}', '--json',
-                                              '{out}']),
+    (
+        'tools/get_flops.py',
+        '--json',
+        'ckpt',
+        ['{config}', '--checkpoint', '{ckpt}', '--json', '{out}'],
+    ),
 ]
 
 
 def fill(argv, inputs, out):
-    values = dict(config=inputs.config, ckpt=inputs.ckpt, image=inputs.image,
-                  images=inputs.images, work_dir=inputs.work_dir, out=out)
+    values = dict(
+        config=inputs.config,
+        ckpt=inputs.ckpt,
+        image=inputs.image,
+        images=inputs.images,
+        work_dir=inputs.work_dir,
+        out=out,
+    )
     return [a.format(**values) for a in argv]
 
 
 @pytest.mark.parametrize('kind', ['same', 'symlink', 'hardlink'])
-@pytest.mark.parametrize('script, option, hit, argv', FILE_OUTPUTS,
-                         ids=[f'{c[0].split("/")[-1][:-3]}{c[1]}={c[2]}' for c in FILE_OUTPUTS])
-def test_a_file_output_on_an_input_is_refused(inputs, tmp_path, script, option, hit, argv,
-                                              kind):
+@pytest.mark.parametrize(
+    'script, option, hit, argv',
+    FILE_OUTPUTS,
+    ids=[f'{c[0].split("/")[-1][:-3]}{c[1]}={c[2]}' for c in FILE_OUTPUTS],
+)
+def test_a_file_output_on_an_input_is_refused(inputs, tmp_path, script, option, hit, argv, kind):
     target = getattr(inputs, hit)
     # test.py's --out must be a .pkl: the link is named so, the guard still comes first
     out = linked(kind, target, tmp_path, '.pkl' if option == '--out' else '')
     line = refused(inputs, script, *fill(argv, inputs, out), option=option, names=target)
-    how = {'same': ' is the input ', 'symlink': ' is a symbolic link to the input ',
-           'hardlink': ' is a hard link to the input '}[kind]
+    how = {
+        'same': ' is the input ',
+        'symlink': ' is a symbolic link to the input ',
+        'hardlink': ' is a hard link to the input ',
+    }[kind]
     assert how in line, line
 
 
 # folders the tools write: test.py --show-dir, image_demo.py --out-dir, deploy.py --out
 FOLDER_OUTPUTS = [
     ('tools/test.py', '--show-dir', ['{config}', '{ckpt}', '--show-dir', '{out}']),
-    ('tools/image_demo.py', '--out-dir', ['{config}', '{ckpt}', '{images}', '--out-dir',
-                                          '{out}']),
-    ('tools/deploy.py', '--out', ['{config}', '{ckpt}', DEPLOY_CFG, '--out', '{out}',
-                                  '--force']),
+    ('tools/image_demo.py', '--out-dir', ['{config}', '{ckpt}', '{images}', '--out-dir', '{out}']),
+    ('tools/deploy.py', '--out', ['{config}', '{ckpt}', DEPLOY_CFG, '--out', '{out}', '--force']),
 ]
 
 
 @pytest.mark.parametrize('kind', ['holds', 'symlink', 'hardlink'])
-@pytest.mark.parametrize('script, option, argv', FOLDER_OUTPUTS,
-                         ids=[c[0].split('/')[-1][:-3] for c in FOLDER_OUTPUTS])
+@pytest.mark.parametrize(
+    'script, option, argv', FOLDER_OUTPUTS, ids=[c[0].split('/')[-1][:-3] for c in FOLDER_OUTPUTS]
+)
 def test_a_folder_holding_an_input_is_refused(inputs, tmp_path, script, option, argv, kind):
     """The review's case: deploy.py --out <the training work dir> --force deleted the
     checkpoint and the log. Also through a symbolic link to that folder, and a folder holding
@@ -163,32 +201,64 @@ def test_a_folder_holding_an_input_is_refused(inputs, tmp_path, script, option, 
 
 def test_an_output_folder_that_is_an_input_folder_is_refused(inputs, tmp_path):
     # image_demo.py FOLDER --out-dir FOLDER would draw over every image
-    refused(inputs, 'tools/image_demo.py', inputs.config, inputs.ckpt, inputs.images,
-            '--out-dir', inputs.images, option='--out-dir', names=inputs.images)
+    refused(
+        inputs,
+        'tools/image_demo.py',
+        inputs.config,
+        inputs.ckpt,
+        inputs.images,
+        '--out-dir',
+        inputs.images,
+        option='--out-dir',
+        names=inputs.images,
+    )
     # the test data (from the config, once loaded): --show-dir the image folder, the data root
     # holding it, --dump-metrics the annotation file
     for option, out, names in [
-            ('--show-dir', osp.join(inputs.data, 'val'), osp.join(inputs.data, 'val')),
-            ('--show-dir', inputs.data, inputs.data),
-            ('--dump-metrics', osp.join(inputs.data, 'annotations', 'val.json'),
-             osp.join(inputs.data, 'annotations', 'val.json'))]:
-        line = refused(inputs, 'tools/test.py', inputs.config, inputs.ckpt, option, out,
-                       *inputs.options, option=option, names=names)
+        ('--show-dir', osp.join(inputs.data, 'val'), osp.join(inputs.data, 'val')),
+        ('--show-dir', inputs.data, inputs.data),
+        (
+            '--dump-metrics',
+            osp.join(inputs.data, 'annotations', 'val.json'),
+            osp.join(inputs.data, 'annotations', 'val.json'),
+        ),
+    ]:
+        line = refused(
+            inputs,
+            'tools/test.py',
+            inputs.config,
+            inputs.ckpt,
+            option,
+            out,
+            *inputs.options,
+            option=option,
+            names=names,
+        )
         assert 'test ' in line, line  # which input: 'test image directory', 'test data root'
     # recalibrate_bn.py reads the training split
     train = osp.join(inputs.data, 'annotations', 'train.json')
-    refused(inputs, 'tools/recalibrate_bn.py', inputs.config, inputs.ckpt, train,
-            *inputs.options, option='OUT', names=train)
+    refused(
+        inputs,
+        'tools/recalibrate_bn.py',
+        inputs.config,
+        inputs.ckpt,
+        train,
+        *inputs.options,
+        option='OUT',
+        names=train,
+    )
 
 
 def test_an_existing_output_folder_needs_force(inputs, tmp_path):
     out = tmp_path / 'old_export'
     out.mkdir()
     (out / 'report.json').write_text('{}')
-    _, log = run_script_here('tools/deploy.py', inputs.config, inputs.ckpt, DEPLOY_CFG,
-                             '--out', out, ok=False)
-    assert log.strip().splitlines() == [f'tools/deploy.py: --out {out} exists; pass --force to '
-                                        'replace it']
+    _, log = run_script_here(
+        'tools/deploy.py', inputs.config, inputs.ckpt, DEPLOY_CFG, '--out', out, ok=False
+    )
+    assert log.strip().splitlines() == [
+        f'tools/deploy.py: --out {out} exists; pass --force to replace it'
+    ]
     assert os.listdir(out) == ['report.json'] and sorted(os.listdir(tmp_path)) == ['old_export']
 
 
@@ -198,14 +268,16 @@ def test_force_replaces_a_written_checkpoint(inputs, tmp_path):
     import torch
 
     from mmrepa.apis import init_model
+
     ckpt = str(tmp_path / 'model.pth')
     torch.save(dict(state_dict=init_model(DEMO).state_dict()), ckpt)
     out = tmp_path / 'out' / 'folded.pth'
     out.parent.mkdir()
     out.write_bytes(b'an older fold')
     log = run_script_here('tools/reparameterize.py', DEMO, ckpt, out, ok=False)[1]
-    assert log.strip().splitlines() == [f'tools/reparameterize.py: OUT {out} exists; pass '
-                                        '--force to replace it']
+    assert log.strip().splitlines() == [
+        f'tools/reparameterize.py: OUT {out} exists; pass --force to replace it'
+    ]
     run_script_here('tools/reparameterize.py', DEMO, ckpt, out, '--force')
     assert torch.load(out, map_location='cpu')['meta']['mmrepa']['deploy'] is True
     assert os.listdir(out.parent) == ['folded.pth']
@@ -213,8 +285,9 @@ def test_force_replaces_a_written_checkpoint(inputs, tmp_path):
     os.umask(umask)
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o666 & ~umask
     before = open(ckpt, 'rb').read()
-    refused(inputs, 'tools/reparameterize.py', DEMO, ckpt, ckpt, '--force', option='OUT',
-            names=ckpt)  # --force onto the input: still refused
+    refused(
+        inputs, 'tools/reparameterize.py', DEMO, ckpt, ckpt, '--force', option='OUT', names=ckpt
+    )  # --force onto the input: still refused
     assert open(ckpt, 'rb').read() == before
 
 
@@ -222,10 +295,11 @@ def test_the_guard_names_what_cannot_be_written(tmp_path):
     a, b = str(tmp_path / 'a.json'), str(tmp_path / 'file')
     open(b, 'w').close()
     for outputs, message in [
-            ([('--out', a), ('--plot', a)], '--out and --plot are both'),
-            ([('--out', str(tmp_path))], f'--out {tmp_path} is a folder; name a file'),
-            ([('--out-dir', b, True)], f'--out-dir {b} is a file; name a folder'),
-            ([('--out', osp.join(b, 'x.json'))], f'--out {b}/x.json: {b} is a file, not a')]:
+        ([('--out', a), ('--plot', a)], '--out and --plot are both'),
+        ([('--out', str(tmp_path))], f'--out {tmp_path} is a folder; name a file'),
+        ([('--out-dir', b, True)], f'--out-dir {b} is a file; name a folder'),
+        ([('--out', osp.join(b, 'x.json'))], f'--out {b}/x.json: {b} is a file, not a'),
+    ]:
         with pytest.raises(InputError, match='^tool: ' + re.escape(message)):
             check_outputs('tool', outputs, [])
     check_outputs('tool', [('--out', a), ('--plot', None)], [('checkpoint', 'https://x/y.pth')])
@@ -236,9 +310,11 @@ def test_a_failed_write_leaves_the_old_output_and_no_folder_it_made(tmp_path):
     old = tmp_path / 'pictures'
     old.mkdir()
     (old / 'a.png').write_text('old a')
-    for write in (lambda: atomic_output(str(tmp_path / 'new' / 'deeper' / 'x.json')),
-                  lambda: atomic_folder(str(tmp_path / 'new' / 'deeper')),
-                  lambda: atomic_folder(str(old), replace=False)):
+    for write in (
+        lambda: atomic_output(str(tmp_path / 'new' / 'deeper' / 'x.json')),
+        lambda: atomic_folder(str(tmp_path / 'new' / 'deeper')),
+        lambda: atomic_folder(str(old), replace=False),
+    ):
         with pytest.raises(KeyboardInterrupt):
             with write() as tmp:
                 with open(osp.join(tmp, 'a.png') if osp.isdir(tmp) else tmp, 'w') as f:
@@ -296,9 +372,13 @@ SAVER = textwrap.dedent("""
 
 
 def start_saver(out, what):
-    proc = subprocess.Popen([sys.executable, '-c', SAVER, FILES_PY, str(out), what],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS='1'))
+    proc = subprocess.Popen(
+        [sys.executable, '-c', SAVER, FILES_PY, str(out), what],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS='1'),
+    )
     return proc
 
 
@@ -310,9 +390,13 @@ def test_a_killed_save_leaves_the_old_output(tmp_path):
     (tmp_path / 'kill' / 'model.pth').write_bytes(old)
     (tmp_path / 'folder' / 'deploy').mkdir()
     (tmp_path / 'folder' / 'deploy' / 'end2end.onnx').write_bytes(old)
-    procs = {sub: start_saver(tmp_path / sub / ('deploy' if sub == 'folder' else 'model.pth'),
-                              'folder' if sub == 'folder' else 'file')
-             for sub in ('term', 'kill', 'folder')}  # at once: the imports overlap
+    procs = {
+        sub: start_saver(
+            tmp_path / sub / ('deploy' if sub == 'folder' else 'model.pth'),
+            'folder' if sub == 'folder' else 'file',
+        )
+        for sub in ('term', 'kill', 'folder')
+    }  # at once: the imports overlap
     for sub, proc in procs.items():
         assert proc.stdout.readline() == 'stalled\n', proc.communicate()[1][-3000:]
         temporaries = [p for p in os.listdir(tmp_path / sub) if p.startswith('.')]

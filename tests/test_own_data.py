@@ -1,6 +1,7 @@
-"""``--data-root DIR`` (mmrepa.own_data): a config pointed at generated data whose classes it does
-not have, for mmdet (COCO format, both layouts), mmseg (ADE20K's layout) and mmpretrain (a folder
-per class); one short training and test on it at the command line."""
+"""``--data-root DIR`` (mmrepa.integrations.cli.own_data): a config pointed at generated data
+whose classes it does not have, for mmdet (COCO format, both layouts), mmseg (ADE20K's layout)
+and mmpretrain (a folder per class); one short training and test on it at the command line."""
+
 import json
 import os
 import os.path as osp
@@ -13,14 +14,16 @@ from mmengine.registry import init_default_scope
 from mmrepa.apis import load_config
 from mmrepa.datasets import make_shapes_ade20k, make_shapes_classification, make_shapes_coco
 from mmrepa.errors import ConfigError
-from mmrepa.own_data import use_own_data
+from mmrepa.integrations.cli.own_data import use_own_data
 
 from .conftest import ROOT, run_script_here
 
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
-NO_WORKERS = [f'{loader}.{key}' for loader in ('train_dataloader', 'val_dataloader',
-                                               'test_dataloader')
-              for key in ('num_workers=0', 'persistent_workers=False')]
+NO_WORKERS = [
+    f'{loader}.{key}'
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')
+    for key in ('num_workers=0', 'persistent_workers=False')
+]
 
 
 def coco_with_other_classes(root: str, layout: str = 'demo') -> str:
@@ -49,12 +52,14 @@ def coco(tmp_path_factory):
 
 # ----------------------------------------------------------------------------------- mmdet
 
+
 def test_detection_heads_and_data_sets_follow_the_data(tmp_path):
     root = coco_with_other_classes(str(tmp_path / 'coco'), layout='coco') + '/'
     cascade = load_config(osp.join(ROOT, 'configs', 'cascade-mask-rcnn_repa_swin_t_1x_coco.py'))
     # a wrapped training set: the data set inside gets the data
-    cascade.train_dataloader.dataset = dict(type='RepeatDataset', times=2,
-                                            dataset=cascade.train_dataloader.dataset)
+    cascade.train_dataloader.dataset = dict(
+        type='RepeatDataset', times=2, dataset=cascade.train_dataloader.dataset
+    )
     line = use_own_data(cascade, root)
     assert line.startswith(f'--data-root {root}: 2 classes (disc, square)'), line
     roi = cascade.model.roi_head
@@ -67,8 +72,10 @@ def test_detection_heads_and_data_sets_follow_the_data(tmp_path):
     assert inner.data_prefix.img == 'train2017/'
     assert inner.metainfo.classes == ('disc', 'square')
     test = cascade.test_dataloader.dataset
-    assert (test.ann_file, test.data_prefix.img) == ('annotations/instances_val2017.json',
-                                                    'val2017/')
+    assert (test.ann_file, test.data_prefix.img) == (
+        'annotations/instances_val2017.json',
+        'val2017/',
+    )
     assert test.metainfo.classes == ('disc', 'square')
     for evaluator in (cascade.val_evaluator, cascade.test_evaluator):
         assert evaluator.ann_file == root + 'annotations/instances_val2017.json'
@@ -76,9 +83,11 @@ def test_detection_heads_and_data_sets_follow_the_data(tmp_path):
     # the demo config's own names (annotations/train.json, train/) are not there: COCO's are
     demo = load_config(DEMO)
     use_own_data(demo, root)
-    assert (demo.train_dataloader.dataset.ann_file, demo.train_dataloader.dataset.data_prefix.img,
-            demo.model.bbox_head.num_classes) == ('annotations/instances_train2017.json',
-                                                  'train2017/', 2)
+    assert (
+        demo.train_dataloader.dataset.ann_file,
+        demo.train_dataloader.dataset.data_prefix.img,
+        demo.model.bbox_head.num_classes,
+    ) == ('annotations/instances_train2017.json', 'train2017/', 2)
     mask = load_config(osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py'))
     use_own_data(mask, root)
     assert mask.model.roi_head.bbox_head.num_classes == 2
@@ -86,7 +95,7 @@ def test_detection_heads_and_data_sets_follow_the_data(tmp_path):
     retina = load_config(osp.join(ROOT, 'configs', 'retinanet_repa_swin_t_1x_coco.py'))
     use_own_data(retina, root, classes=['square'])  # one of the categories
     assert retina.model.bbox_head.num_classes == 1
-    assert retina.val_dataloader.dataset.metainfo.classes == ('square', )
+    assert retina.val_dataloader.dataset.metainfo.classes == ('square',)
 
 
 def test_data_the_model_cannot_serve_is_refused(coco, tmp_path):
@@ -112,8 +121,11 @@ def test_data_the_model_cannot_serve_is_refused(coco, tmp_path):
     data['categories'].append(dict(id=9, name='star'))
     with open(path, 'w') as f:
         json.dump(data, f)
-    with pytest.raises(ConfigError, match=r'val.json has categories the training annotations '
-                       r'have not \(star\)'):
+    with pytest.raises(
+        ConfigError,
+        match=r'val.json has categories the training annotations '
+        r'have not \(star\)',
+    ):
         use_own_data(load_config(DEMO), empty)
 
 
@@ -122,10 +134,20 @@ def trained(coco, tmp_path_factory):
     """One epoch of the demo RetinaNet on two classes it was not written for, at the command
     line with --data-root and nothing else about the data."""
     work = str(tmp_path_factory.mktemp('own_work'))
-    _, log = run_script_here('tools/train.py', DEMO, '--data-root', coco, '--work-dir', work,
-                             '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
-                             'train_dataloader.batch_size=4', 'model.test_cfg.score_thr=0.0',
-                             *NO_WORKERS)  # (an untrained detector's scores are low)
+    _, log = run_script_here(
+        'tools/train.py',
+        DEMO,
+        '--data-root',
+        coco,
+        '--work-dir',
+        work,
+        '--cfg-options',
+        'train_cfg.max_epochs=1',
+        'train_cfg.val_interval=1',
+        'train_dataloader.batch_size=4',
+        'model.test_cfg.score_thr=0.0',
+        *NO_WORKERS,
+    )  # (an untrained detector's scores are low)
     return work, log
 
 
@@ -134,9 +156,24 @@ def test_train_and_test_on_own_coco_data(coco, trained, tmp_path):
     assert f'--data-root {coco}: 2 classes (disc, square)' in log
     assert 'coco/bbox_mAP: ' in log  # the validation after the epoch
     metrics, show, out = (str(tmp_path / n) for n in ('metrics.json', 'show', 'results.pkl'))
-    run_script_here('tools/test.py', DEMO, osp.join(work, 'epoch_1.pth'), '--data-root', coco,
-                    '--work-dir', work, '--dump-metrics', metrics, '--show-dir', show,
-                    '--out', out, '--cfg-options', 'model.test_cfg.score_thr=0.0', *NO_WORKERS)
+    run_script_here(
+        'tools/test.py',
+        DEMO,
+        osp.join(work, 'epoch_1.pth'),
+        '--data-root',
+        coco,
+        '--work-dir',
+        work,
+        '--dump-metrics',
+        metrics,
+        '--show-dir',
+        show,
+        '--out',
+        out,
+        '--cfg-options',
+        'model.test_cfg.score_thr=0.0',
+        *NO_WORKERS,
+    )
     with open(metrics) as f:
         assert 'coco/bbox_mAP' in json.load(f)
     # --show-dir: every test image drawn, under its own name; --out: every prediction
@@ -152,31 +189,45 @@ def test_image_demo_draws_a_folder_with_the_work_dirs_config(coco, trained, tmp_
     in tools/image_demo.py, which draws every image of a folder."""
     work, _ = trained
     out = tmp_path / 'drawn'
-    _, log = run_script_here('tools/image_demo.py', osp.join(work, 'retinanet_repa_swin_shapes.py'),
-                             osp.join(work, 'epoch_1.pth'), osp.join(coco, 'val'),
-                             '--out-dir', str(out))
+    _, log = run_script_here(
+        'tools/image_demo.py',
+        osp.join(work, 'retinanet_repa_swin_shapes.py'),
+        osp.join(work, 'epoch_1.pth'),
+        osp.join(coco, 'val'),
+        '--out-dir',
+        str(out),
+    )
     assert sorted(os.listdir(out)) == sorted(os.listdir(osp.join(coco, 'val')))
     assert log.count('wrote ') == 4
-    _, log = run_script_here('tools/image_demo.py', DEMO, osp.join(work, 'epoch_1.pth'),
-                             osp.join(coco, 'val'), '--out-file', str(tmp_path / 'x.png'),
-                             ok=False)
+    _, log = run_script_here(
+        'tools/image_demo.py',
+        DEMO,
+        osp.join(work, 'epoch_1.pth'),
+        osp.join(coco, 'val'),
+        '--out-file',
+        str(tmp_path / 'x.png'),
+        ok=False,
+    )
     assert log.splitlines()[-1].endswith('is a folder: write its pictures with --out-dir')
 
 
 def test_a_wrong_data_root_is_one_line(tmp_path):
-    _, log = run_script_here('tools/train.py', DEMO, '--data-root', str(tmp_path / 'none'),
-                             ok=False)
-    assert log.splitlines()[-1] == f'tools/train.py: --data-root {tmp_path / "none"}: no such ' \
+    _, log = run_script_here(
+        'tools/train.py', DEMO, '--data-root', str(tmp_path / 'none'), ok=False
+    )
+    assert (
+        log.splitlines()[-1] == f'tools/train.py: --data-root {tmp_path / "none"}: no such '
         'directory'
+    )
 
 
 # ----------------------------------------------------------------------------------- mmseg
 
+
 @pytest.fixture(scope='module')
 def ade(tmp_path_factory):
     """The shapes set in ADE20K's layout: label 0 ignored, 1 background, 2..4 the shapes."""
-    return make_shapes_ade20k(str(tmp_path_factory.mktemp('own') / 'ade'), num_train=2,
-                              num_val=2)
+    return make_shapes_ade20k(str(tmp_path_factory.mktemp('own') / 'ade'), num_train=2, num_val=2)
 
 
 def test_segmentation_classes_from_classes_txt(ade):
@@ -187,6 +238,7 @@ def test_segmentation_classes_from_classes_txt(ade):
     assert cfg.model.decode_head.num_classes == 4
     assert cfg.model.auxiliary_head.num_classes == 4
     from mmseg.registry import DATASETS
+
     init_default_scope('mmseg')
     for loader, n in (('train_dataloader', 2), ('test_dataloader', 2)):
         dataset = DATASETS.build(cfg[loader].dataset)
@@ -211,6 +263,7 @@ def test_segmentation_without_enough_class_names_is_refused(ade, tmp_path):
 
 # ------------------------------------------------------------------------------ mmpretrain
 
+
 def test_classification_classes_from_the_folders(tmp_path):
     root = make_shapes_classification(str(tmp_path / 'cls'), num_train=9, num_val=6)
     for split in ('train', 'val'):  # a class renamed, one added: 4 classes
@@ -222,15 +275,21 @@ def test_classification_classes_from_the_folders(tmp_path):
     use_own_data(imagenet, root)
     assert imagenet.model.head.num_classes == 4
     assert imagenet.data_preprocessor.num_classes == 4
-    assert imagenet.val_evaluator.topk == (1, )  # top-5 of 4 classes cannot be computed
+    assert imagenet.val_evaluator.topk == (1,)  # top-5 of 4 classes cannot be computed
     from mmpretrain.registry import DATASETS
+
     init_default_scope('mmpretrain')
     dataset = DATASETS.build(imagenet.val_dataloader.dataset)
     assert dataset.metainfo['classes'] == ('blob', 'circle', 'square', 'wedge')
     assert len(dataset) == 7
     # the labels follow each split's sorted folders: a split without a class is refused
     shutil.rmtree(osp.join(root, 'val', 'blob'))
-    with pytest.raises(ConfigError, match='other class folders than the first split '
-                       r'\(missing blob\)'):
-        use_own_data(load_config(osp.join(ROOT, 'configs', 'demo',
-                                          'classifier_repa_caformer_shapes.py')), root)
+    with pytest.raises(
+        ConfigError,
+        match='other class folders than the first split '
+        r'\(missing blob\)',
+    ):
+        use_own_data(
+            load_config(osp.join(ROOT, 'configs', 'demo', 'classifier_repa_caformer_shapes.py')),
+            root,
+        )

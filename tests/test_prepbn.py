@@ -1,4 +1,5 @@
 """RepBN, PRepBN, simplified linear attention and the folds of the norms into their neighbours."""
+
 import copy
 
 import pytest
@@ -8,8 +9,14 @@ import torch.nn.functional as F
 from mmrepa import reparameterize
 from mmrepa.engine.hooks.prepbn_schedule_hook import PRepBNScheduleHook, prepbn_lambda
 from mmrepa.fold import norm_affine
-from mmrepa.layers import (FoldablePatchEmbed, FoldablePatchMerging, PRepBN, RepBN,
-                           ShiftWindowMSA, SimplifiedLinearAttention)
+from mmrepa.layers import (
+    FoldablePatchEmbed,
+    FoldablePatchMerging,
+    PRepBN,
+    RepBN,
+    ShiftWindowMSA,
+    SimplifiedLinearAttention,
+)
 
 from .conftest import max_abs_diff, randomize_
 
@@ -24,8 +31,16 @@ def test_repbn_is_batchnorm_plus_eta_x_and_its_eval_affine_matches():
     bn = norm.bn
     for training in (True, False):
         norm.train(training)
-        expected = F.batch_norm(x.reshape(-1, 6), bn.running_mean.clone(), bn.running_var.clone(),
-                                bn.weight, bn.bias, training, 0., bn.eps).view(x.shape)
+        expected = F.batch_norm(
+            x.reshape(-1, 6),
+            bn.running_mean.clone(),
+            bn.running_var.clone(),
+            bn.weight,
+            bn.bias,
+            training,
+            0.0,
+            bn.eps,
+        ).view(x.shape)
         assert max_abs_diff(norm(x), expected + norm.eta * x) <= 1e-12
     scale, shift = norm.eval_affine(torch.float64)
     assert max_abs_diff(x * scale + shift, norm.eval()(x)) <= 1e-12
@@ -88,12 +103,15 @@ def test_schedule_values():
     assert prepbn_lambda(4, warmup_iters=5, decay_iters=0) == 1.0
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(), 'exactly one of decay_iters'),
-    (dict(decay_iters=3, decay_ratio=0.5), 'exactly one of decay_iters'),
-    (dict(decay_ratio=1.5), r'decay_ratio must be in \[0, 1\]'),
-    (dict(warmup_iters=-1, decay_iters=3), 'must be >= 0'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(), 'exactly one of decay_iters'),
+        (dict(decay_iters=3, decay_ratio=0.5), 'exactly one of decay_iters'),
+        (dict(decay_ratio=1.5), r'decay_ratio must be in \[0, 1\]'),
+        (dict(warmup_iters=-1, decay_iters=3), 'must be >= 0'),
+    ],
+)
 def test_schedule_hook_options_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PRepBNScheduleHook(**kwargs)
@@ -101,9 +119,17 @@ def test_schedule_hook_options_say_what_is_wrong(kwargs, message):
 
 # ---- folds -----------------------------------------------------------------------------------
 
+
 def test_patch_embed_fold_scales_the_conv_bias():
-    embed = randomize_(FoldablePatchEmbed(in_channels=3, embed_dims=8, kernel_size=4, stride=4,
-                                          norm_cfg=dict(type='PRepBN'))).double().eval()
+    embed = (
+        randomize_(
+            FoldablePatchEmbed(
+                in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type='PRepBN')
+            )
+        )
+        .double()
+        .eval()
+    )
     assert embed.projection.bias.abs().min() > 0  # a fold that forgot the bias would show
     x = torch.randn(2, 3, 31, 45, dtype=torch.float64)  # adaptive padding on both sides
     ref, shape = embed(x)
@@ -115,8 +141,13 @@ def test_patch_embed_fold_scales_the_conv_bias():
 
 
 def test_patch_merging_fold_gives_the_reduction_a_bias():
-    merge = randomize_(FoldablePatchMerging(in_channels=4, out_channels=8,
-                                            norm_cfg=dict(type='PRepBN'))).double().eval()
+    merge = (
+        randomize_(
+            FoldablePatchMerging(in_channels=4, out_channels=8, norm_cfg=dict(type='PRepBN'))
+        )
+        .double()
+        .eval()
+    )
     assert merge.reduction.bias is None
     x = torch.randn(2, 7 * 9, 4, dtype=torch.float64)  # odd map: padded before the norm
     ref, shape = merge(x, (7, 9))
@@ -131,8 +162,7 @@ def test_patch_merging_fold_gives_the_reduction_a_bias():
 
 def _norm_then_attention(attn_type, shift, dtype):
     norm = prepbn(8, 0.5, dtype).eval()
-    attn = ShiftWindowMSA(8, 2, window_size=4, shift_size=2 if shift else 0,
-                          attn_type=attn_type)
+    attn = ShiftWindowMSA(8, 2, window_size=4, shift_size=2 if shift else 0, attn_type=attn_type)
     return norm, randomize_(attn).to(dtype).eval()
 
 
@@ -171,6 +201,7 @@ def test_attention_fold_adds_a_qkv_bias_when_there_was_none():
 
 # ---- simplified linear attention ------------------------------------------------------------
 
+
 def test_linear_attention_matches_the_quadratic_formula():
     sla = randomize_(SimplifiedLinearAttention(8, 2, window_size=3)).double()
     x = torch.randn(4, 9, 8, dtype=torch.float64)
@@ -193,7 +224,7 @@ def test_linear_attention_normaliser_keeps_silent_queries_finite():
     sla = SimplifiedLinearAttention(4, 1, window_size=2)
     with torch.no_grad():
         sla.qkv.weight.zero_()
-        sla.qkv.bias.copy_(torch.tensor([-1.] * 4 + [1.] * 8))  # relu(Q) = 0 everywhere
+        sla.qkv.bias.copy_(torch.tensor([-1.0] * 4 + [1.0] * 8))  # relu(Q) = 0 everywhere
     out = sla.attend(sla.qkv(torch.randn(3, 4, 4)))
     assert torch.isfinite(out).all()
 
@@ -213,10 +244,13 @@ def test_linear_attention_kernel_runs_in_float32_for_half_inputs(monkeypatch):
     assert matmul_dtypes and all(d == (torch.float32, torch.float32) for d in matmul_dtypes)
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(embed_dims=6, num_heads=4), 'divisible by num_heads'),
-    (dict(dwc_kernel_size=4), 'must be odd'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(embed_dims=6, num_heads=4), 'divisible by num_heads'),
+        (dict(dwc_kernel_size=4), 'must be odd'),
+    ],
+)
 def test_linear_attention_options_say_what_is_wrong(kwargs, message):
     kwargs = dict(dict(embed_dims=8, num_heads=2, window_size=4), **kwargs)
     with pytest.raises(ValueError, match=message):

@@ -1,4 +1,5 @@
 """PRepBNScheduleHook and BatchNorm recalibration, with mmengine's Runner on generated data."""
+
 import copy
 import os.path as osp
 import subprocess
@@ -47,8 +48,14 @@ def prepbn_cfg(data_root, work_dir, **overrides):
     hook."""
     cfg = demo_cfg(data_root, work_dir, **overrides)
     cfg.model.backbone = dict(
-        type='PRepBNSwin', arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
-        window_size=4, out_indices=(1, 2, 3), drop_path_rate=0.1, with_cp=True, init_cfg=None)
+        type='PRepBNSwin',
+        arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
+        window_size=4,
+        out_indices=(1, 2, 3),
+        drop_path_rate=0.1,
+        with_cp=True,
+        init_cfg=None,
+    )
     cfg.model.neck.in_channels = [32, 64, 128]
     cfg.train_dataloader.batch_size = 2
     # batches that repeat when the loader is iterated again: no random flips, and no
@@ -59,9 +66,11 @@ def prepbn_cfg(data_root, work_dir, **overrides):
     cfg.optim_wrapper.accumulative_counts = 2
     cfg.default_hooks.checkpoint.update(interval=1, max_keep_ckpts=2)
     # EMA's averages (momentum 0.2) are far from the trained weights after 8 iterations
-    cfg.custom_hooks = [dict(type='PRepBNScheduleHook', warmup_iters=2, decay_ratio=0.5),
-                        dict(type='EMAHook', momentum=0.2),
-                        dict(type='BNRecalibrationHook', num_batches=3)]
+    cfg.custom_hooks = [
+        dict(type='PRepBNScheduleHook', warmup_iters=2, decay_ratio=0.5),
+        dict(type='EMAHook', momentum=0.2),
+        dict(type='BNRecalibrationHook', num_batches=3),
+    ]
     return cfg
 
 
@@ -131,18 +140,26 @@ def test_recalibration_reaches_the_deployed_ema_weights(trained):
     _, cfg, runner, _ = trained
     ckpt = torch.load(osp.join(cfg.work_dir, 'epoch_2.pth'), map_location='cpu')
     deployed = ckpt['state_dict']
-    trained_weights = {k[len('module.'):]: v for k, v in ckpt['ema_state_dict'].items()
-                       if k.startswith('module.')}
-    assert not torch.equal(deployed['neck.fpn_convs.0.conv.weight'],
-                           trained_weights['neck.fpn_convs.0.conv.weight'])  # EMA is on
+    trained_weights = {
+        k[len('module.') :]: v for k, v in ckpt['ema_state_dict'].items() if k.startswith('module.')
+    }
+    assert not torch.equal(
+        deployed['neck.fpn_convs.0.conv.weight'], trained_weights['neck.fpn_convs.0.conv.weight']
+    )  # EMA is on
     expected = recalibrated(runner, deployed)
     assert expected.keys() == bn_statistics(deployed).keys() and expected
     for k, v in expected.items():
         torch.testing.assert_close(deployed[k], v, rtol=1e-5, atol=1e-6, msg=k)
     # statistics of the trained (not averaged) weights differ: the check above can tell
     other = recalibrated(runner, trained_weights)
-    assert max((other[k].double() - v.double()).abs().max().item()
-               for k, v in expected.items() if 'running_' in k) > 1e-3
+    assert (
+        max(
+            (other[k].double() - v.double()).abs().max().item()
+            for k, v in expected.items()
+            if 'running_' in k
+        )
+        > 1e-3
+    )
     # validation and testing in this process swap in the EMA parameters only (buffers stay):
     # the training model carries the same statistics
     for k, v in bn_statistics(runner.model.state_dict()).items():
@@ -154,18 +171,33 @@ def test_recalibration_tool(trained, tmp_path):
     config = str(tmp_path / 'config.py')
     cfg.dump(config)
     ckpt, out = osp.join(cfg.work_dir, 'epoch_2.pth'), str(tmp_path / 'recalibrated.pth')
-    proc = subprocess.run([sys.executable, 'tools/recalibrate_bn.py', config, ckpt, out,
-                           '--num-batches', '2', '--work-dir', str(tmp_path / 'work')],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            'tools/recalibrate_bn.py',
+            config,
+            ckpt,
+            out,
+            '--num-batches',
+            '2',
+            '--work-dir',
+            str(tmp_path / 'work'),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     before = torch.load(ckpt, map_location='cpu')
     after = torch.load(out, map_location='cpu')
     assert after['meta'] == before['meta']
-    changed = {k for k, v in after['state_dict'].items()
-               if not torch.equal(v, before['state_dict'][k])}
+    changed = {
+        k for k, v in after['state_dict'].items() if not torch.equal(v, before['state_dict'][k])
+    }
     assert changed and all(k.endswith(STATS) for k in changed)
-    assert {int(v) for k, v in after['state_dict'].items()
-            if k.endswith('num_batches_tracked')} == {2}
+    assert {
+        int(v) for k, v in after['state_dict'].items() if k.endswith('num_batches_tracked')
+    } == {2}
 
 
 def test_recalibration_changes_running_statistics_and_nothing_else():
@@ -182,7 +214,7 @@ def test_recalibration_changes_running_statistics_and_nothing_else():
     assert {m.momentum for m in model.modules() if isinstance(m, _BatchNorm)} == {0.1}
     # drop-path is off while recalibrating: without it the statistics are the same
     no_drop = copy.deepcopy(model)
-    for name, m in list(no_drop.named_modules()):
+    for m in list(no_drop.modules()):
         for child_name, child in list(m.named_children()):
             if type(child).__name__ == 'DropPath':
                 setattr(m, child_name, nn.Identity())

@@ -1,4 +1,5 @@
 """PRepBN-Swin / SLAB-Swin: structure, exact folding on any input size, checkpoints."""
+
 import collections
 import copy
 import logging
@@ -22,14 +23,15 @@ SIZES = [(75, 101), (33, 47)]
 
 
 def tiny(dtype=torch.float64, **kw):
-    kw.setdefault('drop_path_rate', 0.)
+    kw.setdefault('drop_path_rate', 0.0)
     kw.setdefault('linear_window_sizes', LINEAR_WINDOWS)
     return randomize_(PRepBNSwin(arch=TINY_ARCH, **kw)).to(dtype).eval()
 
 
 def norms(model):
-    return [n for n, m in model.named_modules()
-            if isinstance(m, (PRepBN, nn.LayerNorm, _BatchNorm))]
+    return [
+        n for n, m in model.named_modules() if isinstance(m, (PRepBN, nn.LayerNorm, _BatchNorm))
+    ]
 
 
 def test_every_norm_inside_is_prepbn_and_the_outputs_are_layernorm():
@@ -59,7 +61,10 @@ def test_backbone_fold_is_exact_in_float64(hw, attn_types, idle):
     if idle:  # the channel-idle FFN folds to its three matrices
         ffn = folded.stages[1].blocks[0].ffn
         assert ffn.norm1 is None and {n for n, _ in ffn.named_children()} == {
-            'act', 'in_proj', 'out_proj'}
+            'act',
+            'in_proj',
+            'out_proj',
+        }
 
 
 @pytest.mark.parametrize('attn_types', ['SSSS', 'LLSS'])
@@ -80,16 +85,25 @@ def test_deploy_round_trip_and_idempotence():
     state = copy.deepcopy(model.state_dict())
     reparameterize(model)
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
-    deployed = PRepBNSwin(arch=TINY_ARCH, attn_types='LLSS', idle_ratio=0.5,
-                          linear_window_sizes=LINEAR_WINDOWS, deploy=True).double().eval()
+    deployed = (
+        PRepBNSwin(
+            arch=TINY_ARCH,
+            attn_types='LLSS',
+            idle_ratio=0.5,
+            linear_window_sizes=LINEAR_WINDOWS,
+            deploy=True,
+        )
+        .double()
+        .eval()
+    )
     deployed.load_state_dict(state)  # strict: same structure, padded_qkv included
     assert max_abs_diff(deployed(x), ref) <= 1e-10
 
 
 def test_lambda_is_unaffected_by_with_cp_and_extra_forwards():
     torch.manual_seed(1)
-    plain = PRepBNSwin(arch=TINY_ARCH, drop_path_rate=0.).train()
-    cp = PRepBNSwin(arch=TINY_ARCH, drop_path_rate=0., with_cp=True).train()
+    plain = PRepBNSwin(arch=TINY_ARCH, drop_path_rate=0.0).train()
+    cp = PRepBNSwin(arch=TINY_ARCH, drop_path_rate=0.0, with_cp=True).train()
     cp.load_state_dict(plain.state_dict())
     for model in (plain, cp):
         for layer in model.prepbn_layers():
@@ -120,13 +134,18 @@ def test_norm_eval_freezes_the_statistics_inside_prepbn():
     assert torch.equal(before, layer.repbn.bn.running_mean)
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(attn_types='LLS'), r'attn_types must have one letter per stage \(4\)'),
-    (dict(attn_types='LLXS'), r"'S' \(softmax window attention\) or 'L'"),
-    (dict(attn_types='LLSS', linear_window_sizes=(56, 28)),
-     'linear_window_sizes has 2 entries but the arch has 4 stages'),
-    (dict(prepbn_cfg=dict(type='LN')), 'prepbn_cfg must build a norm that is affine'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(attn_types='LLS'), r'attn_types must have one letter per stage \(4\)'),
+        (dict(attn_types='LLXS'), r"'S' \(softmax window attention\) or 'L'"),
+        (
+            dict(attn_types='LLSS', linear_window_sizes=(56, 28)),
+            'linear_window_sizes has 2 entries but the arch has 4 stages',
+        ),
+        (dict(prepbn_cfg=dict(type='LN')), 'prepbn_cfg must build a norm that is affine'),
+    ],
+)
 def test_bad_options_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PRepBNSwin(arch=TINY_ARCH, **kwargs)
@@ -140,10 +159,9 @@ SWIN_KW = dict(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
 def pretrained(tmp_path, state_dict, **kw):
     path = tmp_path / 'ckpt.pth'
     torch.save({'state_dict': state_dict}, path)
-    kw.setdefault('drop_path_rate', 0.)
+    kw.setdefault('drop_path_rate', 0.0)
     kw.setdefault('linear_window_sizes', LINEAR_WINDOWS)
-    model = PRepBNSwin(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)),
-                       **kw)
+    model = PRepBNSwin(arch=TINY_ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)), **kw)
     model.init_weights()
     return model
 
@@ -163,13 +181,15 @@ def warnings_of(fn):
 
 def test_mmdet_swin_checkpoint_fills_the_layernorm_branches(tmp_path):
     from mmdet.models.backbones import SwinTransformer
-    ref = randomize_(SwinTransformer(**SWIN_KW, drop_path_rate=0.))
+
+    ref = randomize_(SwinTransformer(**SWIN_KW, drop_path_rate=0.0))
     ref.eval()
     state = {'backbone.' + k: v for k, v in ref.state_dict().items()}
     ours, log = warnings_of(lambda: pretrained(tmp_path, state))
     assert 'LayerNorm checkpoint' in log and 'RepBN branches of 20 PRepBN layers' in log
-    assert torch.equal(ours.stages[0].blocks[1].ffn.norm1.ln.weight,
-                       ref.stages[0].blocks[1].norm2.weight)
+    assert torch.equal(
+        ours.stages[0].blocks[1].ffn.norm1.ln.weight, ref.stages[0].blocks[1].norm2.weight
+    )
     ours.train()  # lambda = 1: pure LayerNorm, the network the checkpoint was trained as
     x = torch.randn(2, 3, 75, 101)
     with torch.no_grad():
@@ -178,6 +198,7 @@ def test_mmdet_swin_checkpoint_fills_the_layernorm_branches(tmp_path):
 
 def test_layernorm_checkpoint_with_norm_eval_is_an_error(tmp_path):
     from mmdet.models.backbones import SwinTransformer
+
     state = SwinTransformer(**SWIN_KW).state_dict()
     with pytest.raises(ValueError, match='norm_eval=True would keep them there'):
         pretrained(tmp_path, state, norm_eval=True)
@@ -195,27 +216,27 @@ def _to_slab_layout(state_dict, total_step=1000):
         k = k.replace('.ln.', '.norm1.').replace('.repbn.bn.', '.norm2.bn.')
         k = k.replace('.repbn.eta', '.norm2.alpha')
         if k.startswith('stages.'):
-            k = 'layers.' + k[len('stages.'):]
+            k = 'layers.' + k[len('stages.') :]
             if '.downsample.' in k and v.dim() >= 1 and v.shape[-1] % 4 == 0 and v.numel() > 1:
                 lead, C = v.shape[:-1], v.shape[-1] // 4  # unfold order -> concat order
                 v = v.reshape(*lead, C, 4).transpose(-1, -2)[..., [0, 2, 1, 3], :]
                 v = v.reshape(*lead, 4 * C)
         if k.endswith('.lam'):
-            out[k[:-len('lam')] + 'iter'] = torch.tensor(round(float(v) * total_step))
-            out[k[:-len('lam')] + 'total_step'] = torch.tensor(total_step)
+            out[k[: -len('lam')] + 'iter'] = torch.tensor(round(float(v) * total_step))
+            out[k[: -len('lam')] + 'total_step'] = torch.tensor(total_step)
             continue
         out[k] = v
     return out
 
 
 def test_slab_linear_norm_checkpoint_round_trip(tmp_path):
-    src = tiny(torch.float32, attn_types='LLSS', out_indices=(3, ))
+    src = tiny(torch.float32, attn_types='LLSS', out_indices=(3,))
     for layer in src.prepbn_layers():
         layer.set_lambda(0.25)
     state = _to_slab_layout(src.state_dict())
     assert 'layers.0.blocks.1.norm1.norm2.bn.running_var' in state
     assert 'layers.0.downsample.norm.norm2.alpha' in state
-    ours = pretrained(tmp_path, state, attn_types='LLSS', out_indices=(3, )).eval()
+    ours = pretrained(tmp_path, state, attn_types='LLSS', out_indices=(3,)).eval()
     assert {layer.current_lambda for layer in ours.prepbn_layers()} == {0.25}
     x = torch.randn(1, 3, 90, 70)
     with torch.no_grad():
@@ -244,13 +265,14 @@ def test_folded_checkpoint_loads_into_a_deploy_model(tmp_path):
 
 
 def test_positional_encodings_of_another_window_are_resized(tmp_path):
-    state = PRepBNSwin(arch=TINY_ARCH, attn_types='LLSS',
-                       linear_window_sizes=(16, 8, 5, 3)).state_dict()
+    state = PRepBNSwin(
+        arch=TINY_ARCH, attn_types='LLSS', linear_window_sizes=(16, 8, 5, 3)
+    ).state_dict()
     key = 'stages.0.blocks.0.attn.w_msa.positional_encoding'
     assert state[key].shape == (1, 256, 16)
     # channel c holds c * row: the resized encoding must too (rows, not columns, not channels)
-    row = torch.arange(16.).view(16, 1, 1).expand(16, 16, 16)
-    state[key] = (row * torch.arange(16.)).reshape(1, 256, 16)
+    row = torch.arange(16.0).view(16, 1, 1).expand(16, 16, 16)
+    state[key] = (row * torch.arange(16.0)).reshape(1, 256, 16)
     ours = pretrained(tmp_path, state, attn_types='LLSS')
     grid = ours.state_dict()[key].view(8, 8, 16)
     assert torch.allclose(grid, grid[:, :1].expand(8, 8, 16), atol=1e-4)  # same along columns
@@ -284,8 +306,13 @@ def test_folding_removes_every_norm_computation_inside_the_network():
             m(x)
         counts.append(counter.ops)
     before, after = counts
-    norm_ops = ('native_batch_norm', '_native_batch_norm_legit_no_training', 'batch_norm',
-                'native_layer_norm', 'layer_norm')
+    norm_ops = (
+        'native_batch_norm',
+        '_native_batch_norm_legit_no_training',
+        'batch_norm',
+        'native_layer_norm',
+        'layer_norm',
+    )
     assert sum(before[op] for op in norm_ops) == 20 + 4  # 20 PRepBNs (eval: RepBN) + outputs
     assert sum(after[op] for op in norm_ops) == 4
     assert sum(after.values()) < sum(before.values())

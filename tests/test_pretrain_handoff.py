@@ -7,6 +7,7 @@ configs of the same family load its checkpoint through their backbone's ``init_c
 nothing missing but the output norms, and their backbones compute the classifier's stage
 features. The tools take the classifier config as they take mmdet and mmseg ones.
 """
+
 import json
 import os
 import os.path as osp
@@ -32,13 +33,21 @@ ITERS = 4
 
 # classifier config -> (dense configs that load its checkpoint, tiny arch)
 FAMILIES = {
-    'repa_swin_t_32xb128_in1k.py': (('retinanet_repa_swin_t_1x_coco.py',
-                                     'upernet_repa_swin_t_512x512_160k_ade20k.py'), TINY_ARCH),
-    'repa_caformer_s18_32xb128_in1k.py': (('retinanet_repa_caformer_s18_1x_coco.py',
-                                           'upernet_repa_caformer_s18_512x512_160k_ade20k.py'),
-                                          METAFORMER_TINY),
-    'prepbn_swin_t_8xb128_in1k.py': (('retinanet_prepbn_swin_t_1x_coco.py',
-                                      'upernet_prepbn_swin_t_512x512_160k_ade20k.py'), TINY_ARCH),
+    'repa_swin_t_32xb128_in1k.py': (
+        ('retinanet_repa_swin_t_1x_coco.py', 'upernet_repa_swin_t_512x512_160k_ade20k.py'),
+        TINY_ARCH,
+    ),
+    'repa_caformer_s18_32xb128_in1k.py': (
+        (
+            'retinanet_repa_caformer_s18_1x_coco.py',
+            'upernet_repa_caformer_s18_512x512_160k_ade20k.py',
+        ),
+        METAFORMER_TINY,
+    ),
+    'prepbn_swin_t_8xb128_in1k.py': (
+        ('retinanet_prepbn_swin_t_1x_coco.py', 'upernet_prepbn_swin_t_512x512_160k_ade20k.py'),
+        TINY_ARCH,
+    ),
 }
 # the family trained at the command line (test_tools_take_the_classifier_config reads its log);
 # the others run tools/train.py's main() in this process, without a subprocess's imports
@@ -71,37 +80,54 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
     cfg.model.backbone.arch = arch
     tiny = build_model(cfg).backbone
     stage = tiny.out_indices[-1]
-    pipeline = [dict(type='LoadImageFromFile'), dict(type='RandomResizedCrop', scale=32),
-                dict(type='PackInputs')]
-    test_pipeline = [dict(type='LoadImageFromFile'), dict(type='ResizeEdge', scale=32),
-                     dict(type='CenterCrop', crop_size=32), dict(type='PackInputs')]
+    pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='RandomResizedCrop', scale=32),
+        dict(type='PackInputs'),
+    ]
+    test_pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='ResizeEdge', scale=32),
+        dict(type='CenterCrop', crop_size=32),
+        dict(type='PackInputs'),
+    ]
 
     def loader(split, steps):
-        return dict(_delete_=True, batch_size=4, num_workers=0,
-                    sampler=dict(type='DefaultSampler', shuffle=split == 'train'),
-                    dataset=dict(type='CustomDataset', data_root=data, data_prefix=split,
-                                 pipeline=steps))
+        return dict(
+            _delete_=True,
+            batch_size=4,
+            num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=split == 'train'),
+            dataset=dict(type='CustomDataset', data_root=data, data_prefix=split, pipeline=steps),
+        )
 
-    hooks = [dict(h, num_batches=2) if h['type'] == 'BNRecalibrationHook' else h
-             for h in cfg.get('custom_hooks', [])]
+    hooks = [
+        dict(h, num_batches=2) if h['type'] == 'BNRecalibrationHook' else h
+        for h in cfg.get('custom_hooks', [])
+    ]
     overrides = dict(
-        model=dict(backbone=dict(arch=dict(arch, _delete_=True)),
-                   head=dict(num_classes=CLASSES, in_channels=tiny.num_features[stage])),
+        model=dict(
+            backbone=dict(arch=dict(arch, _delete_=True)),
+            head=dict(num_classes=CLASSES, in_channels=tiny.num_features[stage]),
+        ),
         data_preprocessor=dict(num_classes=CLASSES),
         train_dataloader=loader('train', pipeline),
         val_dataloader=loader('val', test_pipeline),
         test_dataloader=loader('val', test_pipeline),
-        val_evaluator=dict(type='Accuracy', topk=(1, )),
-        test_evaluator=dict(type='Accuracy', topk=(1, )),
-        train_cfg=dict(_delete_=True, type='IterBasedTrainLoop', max_iters=ITERS,
-                       val_interval=ITERS),
+        val_evaluator=dict(type='Accuracy', topk=(1,)),
+        test_evaluator=dict(type='Accuracy', topk=(1,)),
+        train_cfg=dict(
+            _delete_=True, type='IterBasedTrainLoop', max_iters=ITERS, val_interval=ITERS
+        ),
         param_scheduler=[dict(type='ConstantLR', factor=1.0, by_epoch=False)],
-        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=ITERS),
-                           logger=dict(interval=1)),
+        default_hooks=dict(
+            checkpoint=dict(by_epoch=False, interval=ITERS), logger=dict(interval=1)
+        ),
         custom_hooks=hooks,
-        auto_scale_lr=dict(enable=False))
+        auto_scale_lr=dict(enable=False),
+    )
     with open(path, 'w') as f:
-        f.write(f"_base_ = {osp.join(ROOT, 'configs', base)!r}\n")
+        f.write(f'_base_ = {osp.join(ROOT, "configs", base)!r}\n')
         for key, value in overrides.items():
             f.write(f'{key} = {value!r}\n')
     return path
@@ -118,11 +144,15 @@ def train(tmp_path_factory):
         if base not in done:
             tmp = tmp_path_factory.mktemp(base.split('_32xb')[0].split('_8xb')[0])
             data = write_images(str(tmp / 'data'))
-            config = tiny_classifier_config(base, FAMILIES[base][1], data,
-                                            str(tmp / 'classifier.py'))
+            config = tiny_classifier_config(
+                base, FAMILIES[base][1], data, str(tmp / 'classifier.py')
+            )
             args = ('tools/train.py', config, '--work-dir', str(tmp / 'work'), '--auto-scale-lr')
-            log = (run_tool(osp.join(ROOT, args[0]), *args[1:]) if base == CLI_FAMILY else
-                   run_script_here(*args)[1])
+            log = (
+                run_tool(osp.join(ROOT, args[0]), *args[1:])
+                if base == CLI_FAMILY
+                else run_script_here(*args)[1]
+            )
             done[base] = config, str(tmp / 'work' / f'iter_{ITERS}.pth'), base, log
         return done[base]
 
@@ -153,10 +183,14 @@ def dense_model(config: str, arch: dict, checkpoint: str):
 def stage_features(backbone, x):
     """Every tensor each stage returns (the stage's own output, before any output norm)."""
     found = []
-    hooks = [stage.register_forward_hook(
-        lambda m, i, out: found.extend(t for t in (out if isinstance(out, tuple) else (out, ))
-                                       if torch.is_tensor(t)))
-             for stage in backbone.stages]
+    hooks = [
+        stage.register_forward_hook(
+            lambda m, i, out: found.extend(
+                t for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t)
+            )
+        )
+        for stage in backbone.stages
+    ]
     try:
         with torch.no_grad():
             backbone(x)
@@ -178,7 +212,9 @@ def test_dense_configs_load_the_classifier_checkpoint_as_it_is(trained):
         outputs = {f'norm{i}' for i in model.backbone.out_indices}
         assert {k.split('.')[0] for k in report.missing} <= outputs, (dense, report.missing)
         assert not [k for k in report.unexpected if not k.startswith(('head.', 'norm'))], (
-            dense, report.unexpected)
+            dense,
+            report.unexpected,
+        )
         got = stage_features(model.backbone.eval().double(), x)
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
@@ -189,7 +225,7 @@ def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
     config, checkpoint, base, _ = trained
     arch = dict(FAMILIES[base][1])
     key = 'embed_dims' if 'embed_dims' in arch else 'dims'
-    arch[key] = (arch[key] * 2 if key == 'embed_dims' else tuple(d * 2 for d in arch[key]))
+    arch[key] = arch[key] * 2 if key == 'embed_dims' else tuple(d * 2 for d in arch[key])
     model = dense_model(FAMILIES[base][0][0], arch, checkpoint)
     with pytest.raises(CheckpointError, match='another arch'):
         model.backbone.init_weights()
@@ -206,8 +242,16 @@ def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
     metrics = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
         out = str(tmp_path / f'{name}.json')
-        args = ('tools/test.py', config, checkpoint, '--work-dir', str(tmp_path / name),
-                '--dump-metrics', out, *flags)
+        args = (
+            'tools/test.py',
+            config,
+            checkpoint,
+            '--work-dir',
+            str(tmp_path / name),
+            '--dump-metrics',
+            out,
+            *flags,
+        )
         log = run_tool(osp.join(ROOT, args[0]), *args[1:]) if flags else run_script_here(*args)[1]
         with open(out) as f:
             metrics[name] = json.load(f)
@@ -223,11 +267,13 @@ def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
     assert written_metrics(work)['accuracy/top1'] == metrics['plain']['accuracy/top1']
 
 
-
 def test_a_classifier_with_several_outputs_is_refused_by_option():
     """Every tool loads configs through load_config, and prints a ConfigError as one line."""
     config = osp.join(ROOT, 'configs', 'repa_swin_t_32xb128_in1k.py')
-    with pytest.raises(ConfigError, match=r'model\.backbone\.out_indices=\(0, 1, 2, 3\).*'
-                       r'set out_indices=\(3, \)'):
+    with pytest.raises(
+        ConfigError,
+        match=r'model\.backbone\.out_indices=\(0, 1, 2, 3\).*'
+        r'set out_indices=\(3, \)',
+    ):
         load_config(config, {'model.backbone.out_indices': [0, 1, 2, 3]})
     load_config(config, {'model.backbone.out_indices': [2]})  # one map, any stage: fine

@@ -1,5 +1,6 @@
-"""INT8 post-training quantization (tools/quantize.py, mmrepa.utils.quantize) on a demo
+"""INT8 post-training quantization (tools/quantize.py, mmrepa.integrations.quantize) on a demo
 detector trained for two iterations on a tiny generated set, and the quantization-aware fold."""
+
 import copy
 import os
 import os.path as osp
@@ -11,14 +12,14 @@ import torch
 from mmrepa import reparameterize
 from mmrepa.backbones import RePaSwin, RepOptVGG
 from mmrepa.datasets import make_shapes_coco
+from mmrepa.integrations.onnx import export_onnx
 from mmrepa.layers import ChannelIdleFFN
-from mmrepa.utils.onnx import export_onnx
 
 from .conftest import TINY_ARCH, randomize_, run_script_here, shapes_cfg_options
 
 pytest.importorskip('onnxruntime')
 onnx = pytest.importorskip('onnx')
-quantize = pytest.importorskip('mmrepa.utils.quantize')
+quantize = pytest.importorskip('mmrepa.integrations.quantize')
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
@@ -30,12 +31,22 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp('quantize')
     data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
     options = shapes_cfg_options(data) + [  # 64 px in, as the images (the config resizes)
-        'train_dataloader.batch_size=4', 'train_dataloader.dataset.pipeline.2.scale=(64,64)',
+        'train_dataloader.batch_size=4',
+        'train_dataloader.dataset.pipeline.2.scale=(64,64)',
         'val_dataloader.dataset.pipeline.1.scale=(64,64)',
-        'test_dataloader.dataset.pipeline.1.scale=(64,64)']
+        'test_dataloader.dataset.pipeline.1.scale=(64,64)',
+    ]
     work = str(root / 'work')
-    run_script_here('tools/train.py', DEMO, '--work-dir', work, '--cfg-options', *options,
-                    'train_cfg.max_epochs=1', 'train_cfg.val_interval=1')
+    run_script_here(
+        'tools/train.py',
+        DEMO,
+        '--work-dir',
+        work,
+        '--cfg-options',
+        *options,
+        'train_cfg.max_epochs=1',
+        'train_cfg.val_interval=1',
+    )
     return root, options, osp.join(work, 'epoch_1.pth')
 
 
@@ -43,15 +54,33 @@ def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):
     root, options, ckpt = trained
     out, dump = tmp_path / 'det_int8.onnx', tmp_path / 'det.json'
     result, log = run_script_here(
-        'tools/quantize.py', DEMO, ckpt, '--full', '--report', '--calib-images', '2',
-        '--sqnr-images', '2', '--repeat', '2', '--warmup', '0', '--out', out, '--dump', dump,
-        '--cfg-options', *options)
+        'tools/quantize.py',
+        DEMO,
+        ckpt,
+        '--full',
+        '--report',
+        '--calib-images',
+        '2',
+        '--sqnr-images',
+        '2',
+        '--repeat',
+        '2',
+        '--warmup',
+        '0',
+        '--out',
+        out,
+        '--dump',
+        dump,
+        '--cfg-options',
+        *options,
+    )
     assert result['input_shape'] == [1, 3, 64, 64] and result['form'] == 'identity-apart'
     # outputs: 5 levels of class scores and of box deltas; INT8 close to float32
     assert len(result['sqnr_db_per_output']) == 10
     assert np.isfinite(result['sqnr_db']) and result['sqnr_db'] > 15, result['sqnr_db']
-    assert all(np.isfinite(f['sqnr_db']) and f['sqnr_db'] > 15
-               for f in result['forms'].values()), result['forms']
+    assert all(np.isfinite(f['sqnr_db']) and f['sqnr_db'] > 15 for f in result['forms'].values()), (
+        result['forms']
+    )
     # the metric path ran both graphs through mmdet's post-processing and CocoMetric
     assert result['metric_key'] == 'coco/bbox_mAP'
     assert set(result['metric']) == {'float32', 'int8'}
@@ -63,8 +92,11 @@ def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):
     assert {'QuantizeLinear', 'DequantizeLinear'} <= ops
     assert result['qdq']['per_channel_weights'] > 0
     inits = {i.name: i for i in graph.initializer}
-    scales = [onnx.numpy_helper.to_array(inits[n.input[1]]) for n in graph.node
-              if n.op_type == 'DequantizeLinear' and n.input[1] in inits]
+    scales = [
+        onnx.numpy_helper.to_array(inits[n.input[1]])
+        for n in graph.node
+        if n.op_type == 'DequantizeLinear' and n.input[1] in inits
+    ]
     assert max(s.size for s in scales) > 1
     # the report: the FFN folds changed their layers (fc1/fc2 -> in_proj/out_proj), the
     # identity shortcut kept apart narrows what the plain fold widened
@@ -74,8 +106,9 @@ def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):
         assert any(name.endswith('.fc1') for name in r['unfolded']['layers'])
         assert any(name.endswith('.in_proj') for name in r['folded']['layers'])
         assert r['folded']['ratio']['weight_absmax'] > 1
-    assert (sum(r['identity-apart']['weight_absmax'] for r in ffns)
-            < sum(r['folded']['weight_absmax'] for r in ffns))
+    assert sum(r['identity-apart']['weight_absmax'] for r in ffns) < sum(
+        r['folded']['weight_absmax'] for r in ffns
+    )
     assert not any(r['changed'] for r in result['fold_ranges'] if '.attn' in r['module'])
     assert 'unfolded / folded / identity-apart' in log and 'stages.0.blocks.0.ffn' in log
     assert osp.exists(dump) and not [p for p in os.listdir(tmp_path) if p.endswith('.tmp')]
@@ -84,8 +117,23 @@ def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):
 def test_backbone_metric_and_a_refused_output(trained, tmp_path):
     root, options, ckpt = trained
     out = tmp_path / 'bb.onnx'
-    args = ('tools/quantize.py', DEMO, ckpt, '--form', 'folded', '--calib-images', '2',
-            '--sqnr-images', '1', '--repeat', '0', '--out', out, '--cfg-options', *options)
+    args = (
+        'tools/quantize.py',
+        DEMO,
+        ckpt,
+        '--form',
+        'folded',
+        '--calib-images',
+        '2',
+        '--sqnr-images',
+        '1',
+        '--repeat',
+        '0',
+        '--out',
+        out,
+        '--cfg-options',
+        *options,
+    )
     result, _ = run_script_here(*args)
     assert len(result['sqnr_db_per_output']) == 3 and result['sqnr_db'] > 15
     assert 'coco/bbox_mAP' in result['metric']['int8'] and 'latency_ms' not in result
@@ -96,13 +144,27 @@ def test_backbone_metric_and_a_refused_output(trained, tmp_path):
 def test_mismatched_calibration_is_refused_and_nothing_is_written(trained, tmp_path):
     root, options, ckpt = trained
     out = tmp_path / 'never.onnx'
-    log = run_script_here('tools/quantize.py', DEMO, ckpt, '--shape', '96', '96',
-                          '--calib-images', '2', '--out', out, '--cfg-options', *options,
-                          ok=False)[1]
+    log = run_script_here(
+        'tools/quantize.py',
+        DEMO,
+        ckpt,
+        '--shape',
+        '96',
+        '96',
+        '--calib-images',
+        '2',
+        '--out',
+        out,
+        '--cfg-options',
+        *options,
+        ok=False,
+    )[1]
     message = log.strip().splitlines()[-1]
     assert message.startswith('tools/quantize.py: train calibration image 0 (')
-    assert 'has shape (1, 3, 64, 64) but the model was exported for input (1, 3, 96, 96)' \
-        in message and 'traced for one input shape' in message
+    assert (
+        'has shape (1, 3, 64, 64) but the model was exported for input (1, 3, 96, 96)' in message
+        and 'traced for one input shape' in message
+    )
     assert os.listdir(tmp_path) == []
 
 
@@ -112,6 +174,7 @@ def inputs_of_shape(monkeypatch):
     (train) and test images of these sizes (the test pipeline's images, resized), and every
     export it makes is recorded in the returned list as (input shape, ONNX file)."""
     from .conftest import script_module
+
     tool = script_module('tools/quantize.py')
     sizes, exports = {}, []
     real_inputs, real_export = tool.pipeline_inputs, tool.export
@@ -120,9 +183,15 @@ def inputs_of_shape(monkeypatch):
         found = real_inputs(cfg, preprocessor, num, split, seed)
         if split not in sizes:
             return found
-        return [(torch.nn.functional.interpolate(torch.from_numpy(a), size=sizes[split],
-                                                 mode='bilinear').numpy(), source)
-                for a, source in found]
+        return [
+            (
+                torch.nn.functional.interpolate(
+                    torch.from_numpy(a), size=sizes[split], mode='bilinear'
+                ).numpy(),
+                source,
+            )
+            for a, source in found
+        ]
 
     def export(model, full, x, path, what):
         exports.append((tuple(x.shape), path))
@@ -134,6 +203,7 @@ def inputs_of_shape(monkeypatch):
     def set_sizes(**kwargs):
         sizes.update(kwargs)
         return exports
+
     return set_sizes
 
 
@@ -141,13 +211,30 @@ def quantize_fast(ckpt, options, tmp_path, *args, ok=True):
     """tools/quantize.py on one image, without the metric and the timing; --out and --dump in
     ``tmp_path``."""
     return run_script_here(
-        'tools/quantize.py', DEMO, ckpt, '--calib-images', '1', '--sqnr-images', '1',
-        '--no-metric', '--repeat', '0', '--out', tmp_path / 'model.onnx',
-        '--dump', tmp_path / 'result.json', *args, '--cfg-options', *options, ok=ok)
+        'tools/quantize.py',
+        DEMO,
+        ckpt,
+        '--calib-images',
+        '1',
+        '--sqnr-images',
+        '1',
+        '--no-metric',
+        '--repeat',
+        '0',
+        '--out',
+        tmp_path / 'model.onnx',
+        '--dump',
+        tmp_path / 'result.json',
+        *args,
+        '--cfg-options',
+        *options,
+        ok=ok,
+    )
 
 
 def test_calibration_of_another_shape_than_shape_is_refused_before_the_export(
-        trained, tmp_path, inputs_of_shape):
+    trained, tmp_path, inputs_of_shape
+):
     """The test images have --shape, the calibration images not: refused before anything is
     exported (the graph would be traced for the wrong input) or written (an INT8 file
     calibrated on other shapes)."""
@@ -156,13 +243,11 @@ def test_calibration_of_another_shape_than_shape_is_refused_before_the_export(
     log = quantize_fast(ckpt, options, tmp_path, '--shape', '64', '64', ok=False)[1]
     message = log.strip().splitlines()[-1]
     assert message.startswith('tools/quantize.py: train calibration image 0 ('), message
-    assert 'has shape (1, 3, 48, 48) but the model was exported for input (1, 3, 64, 64)' \
-        in message
+    assert 'has shape (1, 3, 48, 48) but the model was exported for input (1, 3, 64, 64)' in message
     assert exports == [] and os.listdir(tmp_path) == []
 
 
-def test_test_images_of_another_shape_are_named_as_test_images(trained, tmp_path,
-                                                               inputs_of_shape):
+def test_test_images_of_another_shape_are_named_as_test_images(trained, tmp_path, inputs_of_shape):
     _, options, ckpt = trained
     exports = inputs_of_shape(test=(48, 48))
     log = quantize_fast(ckpt, options, tmp_path, ok=False)[1]
@@ -188,9 +273,11 @@ def test_quantize_qdq_refuses_a_wrong_batch_and_leaves_no_file(tmp_path):
     export_onnx(model, torch.randn(1, 3, 8, 8), float_path)
     good = [(np.random.randn(1, 3, 8, 8).astype(np.float32), f'img{i}') for i in range(2)]
     bad = good + [(np.zeros((1, 3, 8, 9), np.float32), 'odd.png')]
-    with pytest.raises(quantize.CalibrationMismatch,
-                       match=r'batch 2 \(odd.png\) has shape \(1, 3, 8, 9\) but the model '
-                       r'was exported for input \(1, 3, 8, 8\)'):
+    with pytest.raises(
+        quantize.CalibrationMismatch,
+        match=r'batch 2 \(odd.png\) has shape \(1, 3, 8, 9\) but the model '
+        r'was exported for input \(1, 3, 8, 8\)',
+    ):
         quantize.quantize_qdq(float_path, str(tmp_path / 'q.onnx'), bad)
     # a reader used directly refuses it at the batch, too
     reader = quantize.CalibrationReader(bad, (1, 3, 8, 8))
@@ -211,11 +298,17 @@ def test_sqnr():
     assert quantize.sqnr_db(ref, noisy) == pytest.approx(10 * np.log10(6 / 0.01))
 
 
-@pytest.mark.parametrize('build', [
-    lambda: RepOptVGG(arch=dict(depths=(1, 2, 2, 1), widths=(8, 16, 16, 32), stem_width=8),
-                      mode='repvgg', out_indices=(3, )),
-    lambda: RePaSwin(arch=TINY_ARCH, window_size=4, idle_ratio=0.75, ffn_norm='BN'),
-])
+@pytest.mark.parametrize(
+    'build',
+    [
+        lambda: RepOptVGG(
+            arch=dict(depths=(1, 2, 2, 1), widths=(8, 16, 16, 32), stem_width=8),
+            mode='repvgg',
+            out_indices=(3,),
+        ),
+        lambda: RePaSwin(arch=TINY_ARCH, window_size=4, idle_ratio=0.75, ffn_norm='BN'),
+    ],
+)
 def test_identity_apart_fold_is_exact_and_keeps_identities_out_of_weights(build):
     model = randomize_(build()).eval()
     x = torch.randn(1, 3, 64, 64)
@@ -238,7 +331,8 @@ def test_identity_apart_fold_is_exact_and_keeps_identities_out_of_weights(build)
             centre = diff[:, :, 1, 1]
             assert torch.allclose(centre, torch.diag(m.identity_scale.flatten()), atol=1e-5)
             assert diff.abs().sum().item() == pytest.approx(
-                centre.diagonal().abs().sum().item(), rel=1e-4)
+                centre.diagonal().abs().sum().item(), rel=1e-4
+            )
             checked += 1
         elif type(m).__name__ == 'ShortcutApartFFN':
             a = m.active_channels
@@ -265,8 +359,10 @@ def test_every_matrix_of_a_folded_ffn_runs_in_int8(fold, tmp_path):
     gemm_c = [n.input[2] for n in graph.node if n.op_type == 'Gemm' and len(n.input) > 2]
     assert set(gemm_c) <= weights, gemm_c
     assert 'MatMul' in {n.op_type for n in graph.node}
-    calib = [(np.random.default_rng(i).standard_normal((1, 50, 16)).astype(np.float32),
-              f'x{i}') for i in range(4)]
+    calib = [
+        (np.random.default_rng(i).standard_normal((1, 50, 16)).astype(np.float32), f'x{i}')
+        for i in range(4)
+    ]
     quantize.quantize_qdq(float_path, int8_path, calib)
     ops = quantize.runtime_op_counts(int8_path)
     assert not {'Gemm', 'MatMul', 'FusedMatMul'} & set(ops), ops  # none left in float32

@@ -13,7 +13,7 @@ from .conftest import TINY_ARCH, max_abs_diff, randomize_
 
 
 def tiny(dtype=torch.float64, **kw):
-    kw.setdefault('drop_path_rate', 0.)
+    kw.setdefault('drop_path_rate', 0.0)
     model = RePaSwin(arch=TINY_ARCH, window_size=7, **kw)
     return randomize_(model).to(dtype).eval()
 
@@ -92,8 +92,8 @@ def test_frozen_stages():
 
 def test_with_cp_gives_the_same_gradients():
     torch.manual_seed(1)
-    plain = RePaSwin(arch=TINY_ARCH, drop_path_rate=0.).train()
-    cp = RePaSwin(arch=TINY_ARCH, drop_path_rate=0., with_cp=True).train()
+    plain = RePaSwin(arch=TINY_ARCH, drop_path_rate=0.0).train()
+    cp = RePaSwin(arch=TINY_ARCH, drop_path_rate=0.0, with_cp=True).train()
     cp.load_state_dict(plain.state_dict())
     x = torch.randn(2, 3, 64, 80)
     for m in (plain, cp):
@@ -102,15 +102,18 @@ def test_with_cp_gives_the_same_gradients():
         torch.testing.assert_close(p.grad, q.grad, msg=n)
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(arch='huge'), r"unknown arch 'huge'"),
-    (dict(idle_ratio=-0.1), r'idle_ratio must be in \[0, 1\]'),
-    (dict(idle_ratio=[0.5, 0.5]), r'idle_ratio has 2 entries but the arch has 4 stages'),
-    (dict(window_size=0), r'window_size must be an integer >= 1'),
-    (dict(out_indices=(4, )), r'out_indices .* \[0, 3\]'),
-    (dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\]'),
-    (dict(ffn_norm='GN'), r"ffn_norm must be 'BN' or 'LN'"),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(arch='huge'), r"unknown arch 'huge'"),
+        (dict(idle_ratio=-0.1), r'idle_ratio must be in \[0, 1\]'),
+        (dict(idle_ratio=[0.5, 0.5]), r'idle_ratio has 2 entries but the arch has 4 stages'),
+        (dict(window_size=0), r'window_size must be an integer >= 1'),
+        (dict(out_indices=(4,)), r'out_indices .* \[0, 3\]'),
+        (dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\]'),
+        (dict(ffn_norm='GN'), r"ffn_norm must be 'BN' or 'LN'"),
+    ],
+)
 def test_bad_options_say_what_is_wrong(kwargs, message):
     kwargs.setdefault('arch', TINY_ARCH)
     with pytest.raises(ValueError, match=message):
@@ -136,18 +139,19 @@ def test_fused_backbone_loses_five_c_squared_per_block(arch):
     reparameterize(model)
     settings = ARCH_SETTINGS[arch]
     C0, depths = settings['embed_dims'], settings['depths']
-    lost = sum(5 * (C0 * 2**i)**2 * d for i, d in enumerate(depths))
+    lost = sum(5 * (C0 * 2**i) ** 2 * d for i, d in enumerate(depths))
     # per block, besides 5C^2 weights: the biases of fc1 (4C) and fc2 (C) and the BN affine
     # parameters (2C + 8C) go; in_proj's bias (a + C = 2C) comes: 13C fewer
     small_terms = sum(13 * C0 * 2**i * d for i, d in enumerate(depths))
     assert before - _params(model) == lost + small_terms
 
 
-@pytest.mark.parametrize('arch, before_m, after_m', [
-    ('tiny', 28.3, 17.5), ('small', 49.7, 29.9), ('base', 87.9, 52.8)])
+@pytest.mark.parametrize(
+    'arch, before_m, after_m', [('tiny', 28.3, 17.5), ('small', 49.7, 29.9), ('base', 87.9, 52.8)]
+)
 def test_classification_counts_match_the_paper(arch, before_m, after_m):
     # classification model = backbone with the last output norm as final norm + 1000-way head
-    model = RePaSwin(arch=arch, out_indices=(3, )).eval()
+    model = RePaSwin(arch=arch, out_indices=(3,)).eval()
     head = 1000 * model.num_features[-1] + 1000
     assert round((_params(model) + head) / 1e6, 1) == before_m
     reparameterize(model)
@@ -157,17 +161,20 @@ def test_classification_counts_match_the_paper(arch, before_m, after_m):
 def test_vanilla_counts_match_mmdet_swin():
     # SPEC: vanilla mmdet Swin-T/S/B backbones have about 27.5 / 48.8 / 86.7 M parameters
     for arch, expected in (('tiny', 27.5), ('small', 48.8), ('base', 86.7)):
-        model = RePaSwin(arch=arch, idle_ratio=0., ffn_norm='LN')
+        model = RePaSwin(arch=arch, idle_ratio=0.0, ffn_norm='LN')
         assert round(_params(model) / 1e6, 1) == expected
 
 
 def test_a_mmdet_swin_config_switches_to_repa_swin_by_its_type_alone(tmp_path):
     """Users change ``type`` in an inherited mmdet Swin backbone; its arguments must work."""
-    from mmengine.config import Config
     from mmdet.registry import MODELS
+    from mmengine.config import Config
+
     path = tmp_path / 'config.py'
-    path.write_text("_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'\n"
-                    "model = dict(backbone=dict(type='RePaSwin'))\n")
+    path.write_text(
+        "_base_ = 'mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'\n"
+        "model = dict(backbone=dict(type='RePaSwin'))\n"
+    )
     cfg = Config.fromfile(str(path)).model.backbone
     backbone = MODELS.build(cfg)
     assert backbone.embed_dims == 96 and backbone.out_indices == (1, 2, 3)
@@ -177,14 +184,22 @@ def test_a_mmdet_swin_config_switches_to_repa_swin_by_its_type_alone(tmp_path):
     assert [len(s.blocks) for s in small.stages] == [2, 2, 18, 2]
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(arch='base', embed_dims=96), r"arch='base' has embed_dims=128 but embed_dims=96 .*"
-     r'_delete_=True'),
-    (dict(strides=(4, 2, 1, 2)), r'strides=\(4, 2, 1, 2\).*set patch_size'),
-    (dict(use_abs_pos_embed=True), 'no absolute position embedding'),
-    (dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),
-     'either as init_cfg or as pretrained'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (
+            dict(arch='base', embed_dims=96),
+            r"arch='base' has embed_dims=128 but embed_dims=96 .*"
+            r'_delete_=True',
+        ),
+        (dict(strides=(4, 2, 1, 2)), r'strides=\(4, 2, 1, 2\).*set patch_size'),
+        (dict(use_abs_pos_embed=True), 'no absolute position embedding'),
+        (
+            dict(pretrained='a.pth', init_cfg=dict(type='Pretrained', checkpoint='b.pth')),
+            'either as init_cfg or as pretrained',
+        ),
+    ],
+)
 def test_mmdet_swin_arguments_that_mean_nothing_here_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RePaSwin(**kwargs)
@@ -192,6 +207,11 @@ def test_mmdet_swin_arguments_that_mean_nothing_here_are_refused(kwargs, message
 
 def test_mmdet_pretrained_argument_becomes_init_cfg():
     with pytest.warns(UserWarning, match='pretrained is deprecated'):
-        model = RePaSwin(arch=TINY_ARCH, pretrained='swin.pth', strides=(4, 2, 2, 2),
-                         convert_weights=True, pretrain_img_size=384)
+        model = RePaSwin(
+            arch=TINY_ARCH,
+            pretrained='swin.pth',
+            strides=(4, 2, 2, 2),
+            convert_weights=True,
+            pretrain_img_size=384,
+        )
     assert model.init_cfg == dict(type='Pretrained', checkpoint='swin.pth')

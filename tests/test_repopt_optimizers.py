@@ -6,6 +6,7 @@ and a plain "target" model (one 3x3 kernel per layer, initialised to the CSLA's 
 kernel) with RepOptSGD / RepOptAdamW built by RepOptOptimWrapperConstructor. The two must stay
 equal to rounding, and the known ways of getting it wrong (SPEC-repopt §6.4) must not.
 """
+
 import copy
 import io
 import math
@@ -23,8 +24,12 @@ import torch.nn.functional as F
 from mmengine.logging import MessageHub
 from mmengine.optim import OptimWrapper, build_optim_wrapper
 
-from mmrepa.engine.optimizers import (RepOptAdamW, RepOptSGD, branch_multiplier,
-                                      collect_branch_scales)
+from mmrepa.engine.optimizers import (
+    RepOptAdamW,
+    RepOptSGD,
+    branch_multiplier,
+    collect_branch_scales,
+)
 from mmrepa.errors import ConfigError
 
 DT = torch.float64
@@ -55,8 +60,8 @@ def make_scales(cout: int, seed: int):
     """Mixed-sign scales with exact zeros, float32-representable (the interface is float32)."""
     g = torch.Generator().manual_seed(seed)
     s, t = torch.randn(2, cout, generator=g, dtype=DT)
-    s[1] = 0.
-    t[0] = 0.
+    s[1] = 0.0
+    t[0] = 0.0
     s[2], t[2] = abs(s[2]) + 0.5, -abs(t[2]) - 0.5  # a channel with s * t < 0
     return s.float().to(DT), t.float().to(DT)
 
@@ -76,8 +81,9 @@ class CSLALayer(nn.Module):
         self.stride = stride
         self.kernel = nn.Parameter(torch.randn(cout, cin, 3, 3, generator=g, dtype=DT) * 0.3)
         self.point = nn.Parameter(torch.randn(cout, cin, 1, 1, generator=g, dtype=DT) * 0.3)
-        self.identity = (nn.Parameter(1 + 0.3 * torch.randn(cout, generator=g, dtype=DT))
-                         if identity else None)
+        self.identity = (
+            nn.Parameter(1 + 0.3 * torch.randn(cout, generator=g, dtype=DT)) if identity else None
+        )
         s, t = make_scales(cout, seed + 1)
         if trainable_scales:
             self.s, self.t = nn.Parameter(s), nn.Parameter(t)
@@ -90,8 +96,9 @@ class CSLALayer(nn.Module):
             self.bn.bias.copy_(0.1 * torch.randn(cout, generator=g, dtype=DT))
 
     def forward(self, x):
-        y = (self.s.view(1, -1, 1, 1) * F.conv2d(x, self.kernel, stride=self.stride, padding=1) +
-             self.t.view(1, -1, 1, 1) * F.conv2d(x, self.point, stride=self.stride))
+        y = self.s.view(1, -1, 1, 1) * F.conv2d(
+            x, self.kernel, stride=self.stride, padding=1
+        ) + self.t.view(1, -1, 1, 1) * F.conv2d(x, self.point, stride=self.stride)
         if self.identity is not None:
             y = y + self.identity.view(1, -1, 1, 1) * x
         return F.relu(self.bn(y))
@@ -101,8 +108,9 @@ class CSLALayer(nn.Module):
         kernel = self.kernel if kernel is None else kernel
         point = self.point if point is None else point
         identity = self.identity if identity is None else identity
-        w = self.s.view(-1, 1, 1, 1) * kernel + F.pad(self.t.view(-1, 1, 1, 1) * point,
-                                                      (1, 1, 1, 1))
+        w = self.s.view(-1, 1, 1, 1) * kernel + F.pad(
+            self.t.view(-1, 1, 1, 1) * point, (1, 1, 1, 1)
+        )
         if identity is not None:
             w = w + F.pad(torch.diag(identity).view(*w.shape[:2], 1, 1), (1, 1, 1, 1))
         return w
@@ -122,8 +130,15 @@ class TargetLayer(nn.Module):
 
     def repopt_branch_scales(self) -> Dict[nn.Parameter, torch.Tensor]:
         cout, cin = self.weight.shape[:2]
-        a = torch.zeros(3 if self.has_identity else 2, cout, cin, 3, 3, dtype=torch.float32,
-                        device=self.weight.device)
+        a = torch.zeros(
+            3 if self.has_identity else 2,
+            cout,
+            cin,
+            3,
+            3,
+            dtype=torch.float32,
+            device=self.weight.device,
+        )
         a[0] = self.s.view(-1, 1, 1, 1)
         a[1, :, :, 1, 1] = self.t.view(-1, 1)
         if self.has_identity:
@@ -136,20 +151,27 @@ class TargetLayer(nn.Module):
 
 
 class Net(nn.Module):
-
     def __init__(self, layers: List[nn.Module]):
         super().__init__()
         self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(layers[-1].weight.shape[0] if hasattr(layers[-1], 'weight') else
-                            layers[-1].kernel.shape[0], NUM_CLASSES).to(DT)
+        self.fc = nn.Linear(
+            layers[-1].weight.shape[0]
+            if hasattr(layers[-1], 'weight')
+            else layers[-1].kernel.shape[0],
+            NUM_CLASSES,
+        ).to(DT)
 
     def forward(self, x):
         return self.fc(self.layers(x).mean((2, 3)))
 
 
 def make_csla(seed=0, trainable_scales=False) -> Net:
-    net = Net([CSLALayer(*spec, seed=seed + 10 * j, trainable_scales=trainable_scales)
-               for j, spec in enumerate(LAYERS)])
+    net = Net(
+        [
+            CSLALayer(*spec, seed=seed + 10 * j, trainable_scales=trainable_scales)
+            for j, spec in enumerate(LAYERS)
+        ]
+    )
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed + 99)
         net.fc.weight.copy_(torch.randn(net.fc.weight.shape, generator=g, dtype=DT) * 0.5)
@@ -159,14 +181,19 @@ def make_csla(seed=0, trainable_scales=False) -> Net:
 
 def make_target(csla: Net, reinit=True, norm=True) -> Net:
     """The target model, initialised from ``csla`` by the rule of initialization (SPEC §6.3)."""
-    layers = [TargetLayer(*spec, s=c.s.detach(), t=c.t.detach(), norm=norm)
-              for spec, c in zip(LAYERS, csla.layers)]
+    layers = [
+        TargetLayer(*spec, s=c.s.detach(), t=c.t.detach(), norm=norm)
+        for spec, c in zip(LAYERS, csla.layers)
+    ]
     net = Net(layers)
     g = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for lt, lc in zip(net.layers, csla.layers):
-            lt.weight.copy_(lc.equivalent_kernel() if reinit else
-                            torch.randn(lt.weight.shape, generator=g, dtype=DT) * 0.3)
+            lt.weight.copy_(
+                lc.equivalent_kernel()
+                if reinit
+                else torch.randn(lt.weight.shape, generator=g, dtype=DT) * 0.3
+            )
             if norm:
                 lt.bn.load_state_dict(lc.bn.state_dict())
         net.fc.load_state_dict(csla.fc.state_dict())
@@ -175,8 +202,13 @@ def make_target(csla: Net, reinit=True, norm=True) -> Net:
 
 def batches(n, batch=6, size=(7, 9), seed=5):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, C, *size, generator=g, dtype=DT),
-             torch.randint(NUM_CLASSES, (batch, ), generator=g)) for _ in range(n)]
+    return [
+        (
+            torch.randn(batch, C, *size, generator=g, dtype=DT),
+            torch.randint(NUM_CLASSES, (batch,), generator=g),
+        )
+        for _ in range(n)
+    ]
 
 
 def cosine(step, base):
@@ -187,7 +219,7 @@ def train(net, wrapper, base_lr, accumulate=1, steps=STEPS, before_step=None, da
     """``steps`` optimizer steps with a cosine lr; the logits of every forward."""
     data = data or batches(steps * accumulate)
     logits = []
-    for i, (x, y) in enumerate(data[:steps * accumulate]):
+    for i, (x, y) in enumerate(data[: steps * accumulate]):
         if i % accumulate == 0:
             for group in wrapper.param_groups:
                 group['lr'] = cosine(i // accumulate, base_lr)
@@ -205,8 +237,11 @@ def train(net, wrapper, base_lr, accumulate=1, steps=STEPS, before_step=None, da
 
 def compare(csla, target, logits_c, logits_t) -> float:
     """Max relative error over the logits of every step and the final weights and statistics."""
-    errs = [rel(logits_t, logits_c), rel(target.fc.weight, csla.fc.weight),
-            rel(target.fc.bias, csla.fc.bias)]
+    errs = [
+        rel(logits_t, logits_c),
+        rel(target.fc.weight, csla.fc.weight),
+        rel(target.fc.bias, csla.fc.bias),
+    ]
     with torch.no_grad():
         for lt, lc in zip(target.layers, csla.layers):
             errs.append(rel(lt.weight, lc.equivalent_kernel()))
@@ -224,13 +259,17 @@ def csla_groups(net: Net, decay_identity=True):
         if name.endswith('identity') and not decay_identity:
             plain_flat = True
         (no_decay if plain_flat else decay).append(p)
-    return [dict(params=decay), dict(params=no_decay, weight_decay=0.)]
+    return [dict(params=decay), dict(params=no_decay, weight_decay=0.0)]
 
 
 def target_wrapper(net, optimizer: dict, accumulate=1, **extra):
-    cfg = dict(constructor='RepOptOptimWrapperConstructor', optimizer=optimizer,
-               paramwise_cfg=dict(norm_decay_mult=0., bias_decay_mult=0.),
-               accumulative_counts=accumulate, **extra)
+    cfg = dict(
+        constructor='RepOptOptimWrapperConstructor',
+        optimizer=optimizer,
+        paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0),
+        accumulative_counts=accumulate,
+        **extra,
+    )
     return build_optim_wrapper(net, cfg)
 
 
@@ -247,8 +286,10 @@ def test_multiplier_is_the_diagonal_of_the_jacobian_product(spec):
         parts = [x.view(s) for x, s in zip(theta.split(sizes), shapes)]
         return csla.equivalent_kernel(*parts).reshape(-1)
 
-    theta = torch.cat([csla.kernel.detach().reshape(-1), csla.point.detach().reshape(-1)] +
-                      ([csla.identity.detach()] if spec[3] else []))
+    theta = torch.cat(
+        [csla.kernel.detach().reshape(-1), csla.point.detach().reshape(-1)]
+        + ([csla.identity.detach()] if spec[3] else [])
+    )
     jac = torch.autograd.functional.jacobian(kernel_of, theta)
     jjt = jac @ jac.T
     diag = torch.diagonal(jjt)
@@ -276,11 +317,11 @@ def test_multiplier_is_the_diagonal_of_the_jacobian_product(spec):
 
 SGD_CASES = {
     'nesterov': dict(momentum=0.9, nesterov=True, weight_decay=0.05),
-    'dampening+accumulation': dict(momentum=0.9, dampening=0.3, weight_decay=0.05,
-                                   accumulate=2),
+    'dampening+accumulation': dict(momentum=0.9, dampening=0.3, weight_decay=0.05, accumulate=2),
     'no-momentum': dict(weight_decay=0.05),
-    'decoupled-decay': dict(momentum=0.9, weight_decay=0.05, decoupled_weight_decay=True,
-                            accumulate=2),
+    'decoupled-decay': dict(
+        momentum=0.9, weight_decay=0.05, decoupled_weight_decay=True, accumulate=2
+    ),
 }
 LR = 0.2
 
@@ -321,22 +362,32 @@ def run_sgd_pair(case: dict, *, clip=None, csla_clip=None, neg=None):
         opt_c = NaiveSGDW(groups, lr=LR, **case)
     else:
         opt_c = torch.optim.SGD(groups, lr=LR, foreach=False, **case)
-    wrap_c = OptimWrapper(opt_c, accumulative_counts=accumulate,
-                          clip_grad=None if csla_clip is None else dict(max_norm=csla_clip))
+    wrap_c = OptimWrapper(
+        opt_c,
+        accumulative_counts=accumulate,
+        clip_grad=None if csla_clip is None else dict(max_norm=csla_clip),
+    )
 
     before_step = None
     if neg in ('decay-multiplied', 'no-multiplier', 'plain-clip'):
         # built by hand: the constructor refuses these
-        params = [dict(params=[lt.weight for lt in target.layers] + [target.fc.weight]),
-                  dict(params=[p for n, p in target.named_parameters()
-                               if '.bn.' in n or n == 'fc.bias'], weight_decay=0.)]
+        params = [
+            dict(params=[lt.weight for lt in target.layers] + [target.fc.weight]),
+            dict(
+                params=[p for n, p in target.named_parameters() if '.bn.' in n or n == 'fc.bias'],
+                weight_decay=0.0,
+            ),
+        ]
         opt_t = RepOptSGD(params, lr=LR, **case)
         opt_t.attach_branch_scales({} if neg == 'no-multiplier' else collect_branch_scales(target))
-        wrap_t = OptimWrapper(opt_t, accumulative_counts=accumulate,
-                              clip_grad=dict(max_norm=clip) if neg == 'plain-clip' else None)
+        wrap_t = OptimWrapper(
+            opt_t,
+            accumulative_counts=accumulate,
+            clip_grad=dict(max_norm=clip) if neg == 'plain-clip' else None,
+        )
         if neg == 'decay-multiplied':
             # the L2 term already in the gradient when the multiplier acts (SPEC pitfall 1)
-            opt_t.param_groups[0]['weight_decay'] = 0.
+            opt_t.param_groups[0]['weight_decay'] = 0.0
             kernels = [lt.weight for lt in target.layers]
             wd = case['weight_decay']
 
@@ -347,8 +398,7 @@ def run_sgd_pair(case: dict, *, clip=None, csla_clip=None, neg=None):
                     target.fc.weight.grad.add_(target.fc.weight, alpha=wd)
     else:
         extra = {} if clip is None else dict(clip_grad=dict(type='csla', max_norm=clip))
-        wrap_t = target_wrapper(target, dict(type='RepOptSGD', lr=LR, **case), accumulate,
-                                **extra)
+        wrap_t = target_wrapper(target, dict(type='RepOptSGD', lr=LR, **case), accumulate, **extra)
         assert isinstance(wrap_t.optimizer, RepOptSGD)
     logits_c = train(csla, wrap_c, LR, accumulate)
     logits_t = train(target, wrap_t, LR, accumulate, before_step=before_step)
@@ -362,8 +412,7 @@ def test_repopt_sgd_equals_sgd_on_the_csla(name):
     assert err <= TOL
 
 
-NEGATIVE = ('decay-multiplied', 'identity-not-decayed', 'no-multiplier', 'no-reinit',
-            'hs-model')
+NEGATIVE = ('decay-multiplied', 'identity-not-decayed', 'no-multiplier', 'no-reinit', 'hs-model')
 
 
 @pytest.mark.parametrize('neg', NEGATIVE)
@@ -387,11 +436,10 @@ def test_csla_norm_clipping_equals_clipped_csla_training_and_plain_clipping_does
     assert err <= TOL
     # both runs log train/grad_norm (OptimWrapper's clipping, then RepOpt's step): the CSLA
     # norms computed from the plain model are the CSLA's norms, and clipping was active
-    norms = MessageHub.get_current_instance().get_scalar('train/grad_norm').data[0][-2 * STEPS:]
+    norms = MessageHub.get_current_instance().get_scalar('train/grad_norm').data[0][-2 * STEPS :]
     assert rel(torch.tensor(norms[STEPS:]), torch.tensor(norms[:STEPS])) <= TOL
     assert (norms > max_norm).sum() >= STEPS // 2
-    err = run_sgd_pair(SGD_CASES['nesterov'], clip=max_norm, csla_clip=max_norm,
-                       neg='plain-clip')
+    err = run_sgd_pair(SGD_CASES['nesterov'], clip=max_norm, csla_clip=max_norm, neg='plain-clip')
     print(f'negative control plain-norm clipping: {err:.1e}')
     assert err > 1e-4
 
@@ -399,8 +447,9 @@ def test_csla_norm_clipping_equals_clipped_csla_training_and_plain_clipping_does
 def grads_and_models(seed=0):
     """A small plain model with gradients, and a copy (for torch vs RepOpt on plain params)."""
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
-                        nn.Linear(4 * 9, 2)).to(DT)
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 9, 2)
+    ).to(DT)
     return net, copy.deepcopy(net)
 
 
@@ -414,9 +463,14 @@ def run_plain(net, opt, steps=4):
         opt.step()
 
 
-@pytest.mark.parametrize('kwargs', [dict(momentum=0.9, nesterov=True, weight_decay=0.01),
-                                    dict(momentum=0.8, dampening=0.2, weight_decay=0.01),
-                                    dict()])
+@pytest.mark.parametrize(
+    'kwargs',
+    [
+        dict(momentum=0.9, nesterov=True, weight_decay=0.01),
+        dict(momentum=0.8, dampening=0.2, weight_decay=0.01),
+        dict(),
+    ],
+)
 def test_parameters_without_multiplier_follow_torch_sgd_bit_for_bit(kwargs):
     a, b = grads_and_models()
     opt_a = torch.optim.SGD(a.parameters(), lr=0.1, foreach=False, **kwargs)
@@ -431,8 +485,9 @@ def test_parameters_without_multiplier_follow_torch_sgd_bit_for_bit(kwargs):
 @pytest.mark.parametrize('amsgrad', [False, True])
 def test_parameters_without_scales_follow_torch_adamw_bit_for_bit(amsgrad):
     a, b = grads_and_models()
-    opt_a = torch.optim.AdamW(a.parameters(), lr=0.01, weight_decay=0.05, amsgrad=amsgrad,
-                              foreach=False)
+    opt_a = torch.optim.AdamW(
+        a.parameters(), lr=0.01, weight_decay=0.05, amsgrad=amsgrad, foreach=False
+    )
     opt_b = RepOptAdamW(b.parameters(), lr=0.01, weight_decay=0.05, amsgrad=amsgrad)
     opt_b.attach_branch_scales({})
     run_plain(a, opt_a)
@@ -441,10 +496,13 @@ def test_parameters_without_scales_follow_torch_adamw_bit_for_bit(amsgrad):
         assert torch.equal(pa, pb)
 
 
-@pytest.mark.parametrize('optimizer', [
-    dict(type='RepOptSGD', lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
-    dict(type='RepOptAdamW', lr=0.01, weight_decay=0.05)
-])
+@pytest.mark.parametrize(
+    'optimizer',
+    [
+        dict(type='RepOptSGD', lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
+        dict(type='RepOptAdamW', lr=0.01, weight_decay=0.05),
+    ],
+)
 def test_step_leaves_the_gradients_alone(optimizer):
     target = make_target(make_csla())
     wrapper = target_wrapper(target, optimizer, clip_grad=dict(type='csla', max_norm=1e-3))
@@ -482,17 +540,19 @@ def test_official_adamw_rule_is_exact_off_centre_and_off_at_mixed_sign_centres()
         c = copy.deepcopy(csla)
         net = c if mode == 'csla' else make_target(c)
         if mode == 'csla':
-            opt = torch.optim.AdamW(csla_groups(c), lr=0.01, eps=1e-8, weight_decay=0.)
+            opt = torch.optim.AdamW(csla_groups(c), lr=0.01, eps=1e-8, weight_decay=0.0)
             before = c.layers[0].equivalent_kernel().detach().clone()
         else:
-            opt = target_wrapper(net, dict(type='RepOptAdamW', lr=0.01, eps=1e-8,
-                                           weight_decay=0., mode=mode)).optimizer
+            opt = target_wrapper(
+                net, dict(type='RepOptAdamW', lr=0.01, eps=1e-8, weight_decay=0.0, mode=mode)
+            ).optimizer
             before = net.layers[0].weight.detach().clone()
         x, y = batches(1)[0]
         F.cross_entropy(net(x), y).backward()
         opt.step()
-        after = (c.layers[0].equivalent_kernel() if mode == 'csla' else
-                 net.layers[0].weight).detach()
+        after = (
+            c.layers[0].equivalent_kernel() if mode == 'csla' else net.layers[0].weight
+        ).detach()
         deltas[mode] = after - before
     centre = torch.zeros_like(deltas['csla'], dtype=torch.bool)
     centre[:, :, 1, 1] = True
@@ -513,16 +573,20 @@ class LARS(torch.optim.SGD):
 def build(net, optimizer=None, **cfg):
     optimizer = optimizer or dict(type='RepOptSGD', lr=0.1, weight_decay=1e-4)
     return build_optim_wrapper(
-        net, dict(constructor='RepOptOptimWrapperConstructor', optimizer=optimizer, **cfg))
+        net, dict(constructor='RepOptOptimWrapperConstructor', optimizer=optimizer, **cfg)
+    )
 
 
-@pytest.mark.parametrize('optimizer, message', [
-    (dict(type='SGD', lr=0.1), "use type='RepOptSGD'"),
-    (dict(type='AdamW', lr=0.1), "use type='RepOptAdamW'"),
-    (dict(type='Adam', lr=0.1, weight_decay=1e-4), 'coupled L2'),
-    (dict(type=LARS, lr=0.1), 'trust ratio'),
-    (dict(type='NoSuchOptimizer', lr=0.1), 'not registered'),
-])
+@pytest.mark.parametrize(
+    'optimizer, message',
+    [
+        (dict(type='SGD', lr=0.1), "use type='RepOptSGD'"),
+        (dict(type='AdamW', lr=0.1), "use type='RepOptAdamW'"),
+        (dict(type='Adam', lr=0.1, weight_decay=1e-4), 'coupled L2'),
+        (dict(type=LARS, lr=0.1), 'trust ratio'),
+        (dict(type='NoSuchOptimizer', lr=0.1), 'not registered'),
+    ],
+)
 def test_constructor_refuses_optimizers_it_cannot_make_exact(optimizer, message):
     with pytest.raises(ConfigError, match=message):
         build(make_target(make_csla()), optimizer)
@@ -533,27 +597,37 @@ def test_constructor_refuses_a_model_without_multipliers():
         build(nn.Linear(3, 2))
 
 
-@pytest.mark.parametrize('clip, message', [
-    (dict(max_norm=1.), 'plain gradient norm'),
-    (dict(type='value', clip_value=1.), 'plain gradient norm'),
-    (dict(type='csla'), 'max_norm'),
-    (dict(type='csla', max_norm=1., norm_type=1), 'norm_type=2'),
-])
+@pytest.mark.parametrize(
+    'clip, message',
+    [
+        (dict(max_norm=1.0), 'plain gradient norm'),
+        (dict(type='value', clip_value=1.0), 'plain gradient norm'),
+        (dict(type='csla'), 'max_norm'),
+        (dict(type='csla', max_norm=1.0, norm_type=1), 'norm_type=2'),
+    ],
+)
 def test_constructor_refuses_plain_clipping(clip, message):
     with pytest.raises(ConfigError, match=message):
         build(make_target(make_csla()), clip_grad=clip)
 
 
-@pytest.mark.parametrize('custom, message', [
-    ({'layers.0.weight': dict(decay_mult=0.)}, r"custom_keys\['layers.0.weight'\].*decay_mult"),
-    ({'layers': dict(lr_mult=0.1)}, r"custom_keys\['layers'\].*lr_mult"),
-])
+@pytest.mark.parametrize(
+    'custom, message',
+    [
+        (
+            {'layers.0.weight': dict(decay_mult=0.0)},
+            r"custom_keys\['layers.0.weight'\].*decay_mult",
+        ),
+        ({'layers': dict(lr_mult=0.1)}, r"custom_keys\['layers'\].*lr_mult"),
+    ],
+)
 def test_constructor_refuses_per_kernel_hyper_parameters(custom, message):
     with pytest.raises(ConfigError, match=message):
         build(make_target(make_csla()), paramwise_cfg=dict(custom_keys=custom))
     # unless asked for: a backbone lr_mult when fine-tuning is a deliberate choice
-    wrapper = build(make_target(make_csla()),
-                    paramwise_cfg=dict(custom_keys=custom, repopt_strict=False))
+    wrapper = build(
+        make_target(make_csla()), paramwise_cfg=dict(custom_keys=custom, repopt_strict=False)
+    )
     assert len(wrapper.optimizer.repopt_params) == 2
 
 
@@ -606,14 +680,17 @@ def test_stepping_without_scales_is_an_error():
 # --- (e) resume ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('optimizer', [
-    dict(type='RepOptSGD', lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
-    dict(type='RepOptAdamW', lr=0.01, weight_decay=0.05, amsgrad=True)
-])
+@pytest.mark.parametrize(
+    'optimizer',
+    [
+        dict(type='RepOptSGD', lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
+        dict(type='RepOptAdamW', lr=0.01, weight_decay=0.05, amsgrad=True),
+    ],
+)
 def test_resume_is_bit_exact(optimizer):
     data = batches(6)
     target = make_target(make_csla())
-    wrapper = target_wrapper(target, optimizer, clip_grad=dict(type='csla', max_norm=1.))
+    wrapper = target_wrapper(target, optimizer, clip_grad=dict(type='csla', max_norm=1.0))
     train(target, wrapper, optimizer['lr'], steps=3, data=data[:3])
     buf = io.BytesIO()
     torch.save(dict(model=target.state_dict(), optim=wrapper.state_dict()), buf)
@@ -621,14 +698,19 @@ def test_resume_is_bit_exact(optimizer):
     state = wrapper.state_dict()
     assert set(state) <= {'state', 'param_groups', 'base_param_settings'}
     assert {k for s in state['state'].values() for k in s} <= {
-        'momentum_buffer', 'step', 'exp_avg', 'exp_avg_sq', 'max_exp_avg_sq'}
+        'momentum_buffer',
+        'step',
+        'exp_avg',
+        'exp_avg_sq',
+        'max_exp_avg_sq',
+    }
     train(target, wrapper, optimizer['lr'], steps=3, data=data[3:])
 
     buf.seek(0)
     ckpt = torch.load(buf)
     resumed = make_target(make_csla())
     resumed.load_state_dict(ckpt['model'])
-    wrapper2 = target_wrapper(resumed, optimizer, clip_grad=dict(type='csla', max_norm=1.))
+    wrapper2 = target_wrapper(resumed, optimizer, clip_grad=dict(type='csla', max_norm=1.0))
     wrapper2.load_state_dict(ckpt['optim'])
     train(resumed, wrapper2, optimizer['lr'], steps=3, data=data[3:])
     for (name, a), b in zip(target.state_dict().items(), resumed.state_dict().values()):
@@ -646,14 +728,22 @@ def amp_wrapper(target, monkeypatch, optimizer: dict, wrapper_type='AmpOptimWrap
     CPU loss scale of :data:`LOSS_SCALE`."""
     # AmpOptimWrapper first builds a CUDA GradScaler, which warns and disables itself on the CPU
     import mmengine.optim.optimizer.amp_optimizer_wrapper as amp
+
     monkeypatch.setattr(amp, 'is_cuda_available', lambda: True)
     wrapper = build_optim_wrapper(
-        target, dict(type=wrapper_type, constructor='RepOptOptimWrapperConstructor',
-                     optimizer=dict(type='RepOptSGD', **optimizer), **extra))
+        target,
+        dict(
+            type=wrapper_type,
+            constructor='RepOptOptimWrapperConstructor',
+            optimizer=dict(type='RepOptSGD', **optimizer),
+            **extra,
+        ),
+    )
     if wrapper_type == 'AmpOptimWrapper':
         assert wrapper.clip_grad_kwargs is None  # the CSLA clipping lives in the step
-        wrapper.loss_scaler = torch.amp.GradScaler('cpu', init_scale=LOSS_SCALE,
-                                                   growth_interval=10**6)
+        wrapper.loss_scaler = torch.amp.GradScaler(
+            'cpu', init_scale=LOSS_SCALE, growth_interval=10**6
+        )
     return wrapper
 
 
@@ -671,8 +761,9 @@ def test_amp_multiplies_the_unscaled_gradient(monkeypatch):
     loss = F.cross_entropy(target(x.float()), y)
     # the scaled gradients, computed apart (p.grad is what the code under test may change)
     params = list(target.parameters())
-    scaled = dict(zip(params, torch.autograd.grad(loss * torch.tensor(LOSS_SCALE), params,
-                                                  retain_graph=True)))
+    scaled = dict(
+        zip(params, torch.autograd.grad(loss * torch.tensor(LOSS_SCALE), params, retain_graph=True))
+    )
     wrapper.backward(loss)  # scaled by the loss scaler
     with torch.no_grad():
         for p in target.parameters():
@@ -701,14 +792,14 @@ def test_amp_optim_wrapper_steps_as_the_plain_wrapper_with_csla_clipping(monkeyp
     optimizer = dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05)
     for wrapper_type in ('OptimWrapper', 'AmpOptimWrapper'):
         target = make_target(make_csla()).float()
-        wrapper = amp_wrapper(target, monkeypatch, optimizer, wrapper_type,
-                              clip_grad=dict(type='csla', max_norm=0.5))
+        wrapper = amp_wrapper(
+            target, monkeypatch, optimizer, wrapper_type, clip_grad=dict(type='csla', max_norm=0.5)
+        )
         for p in wrapper.optimizer.repopt_params:
             assert wrapper.optimizer.multiplier(p).dtype == torch.float32
         for x, y in batches(4):
             wrapper.update_params(F.cross_entropy(target(x.float()), y))
-            norms.append(MessageHub.get_current_instance().get_scalar(
-                'train/grad_norm').current())
+            norms.append(MessageHub.get_current_instance().get_scalar('train/grad_norm').current())
         runs.append([p.detach().clone() for p in target.parameters()])
     assert max(norms) > 0.5  # clipping was active
     assert rel(torch.tensor(norms[4:]), torch.tensor(norms[:4])) <= 1e-5
@@ -761,8 +852,7 @@ def ddp_run(world, rank):
 def _ddp_worker(rank, port, out_dir):
     os.environ['OMP_NUM_THREADS'] = '1'
     torch.set_num_threads(1)
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
-                            world_size=2)
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
     try:
         torch.save(ddp_run(2, rank), osp.join(out_dir, f'rank{rank}.pth'))
     finally:
@@ -770,8 +860,9 @@ def _ddp_worker(rank, port, out_dir):
 
 
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    mp.start_processes(_ddp_worker, args=(free_port(), str(tmp_path)), nprocs=2,
-                       start_method='fork')
+    mp.start_processes(
+        _ddp_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method='fork'
+    )
     ranks = [torch.load(osp.join(tmp_path, f'rank{r}.pth')) for r in (0, 1)]
     single = ddp_run(1, 0)
     for a, b in zip(*ranks):

@@ -3,6 +3,7 @@
 Exact reference values are SPEC-repopt §6.8; the released scale files are
 ``../shared/repopt-scales`` (MIT). Equivalences are checked in float64 on tiny archs.
 """
+
 import copy
 import math
 import os.path as osp
@@ -13,16 +14,17 @@ import torch.nn as nn
 
 import mmrepa
 from mmrepa.backbones import RepOptVGG
+from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN
+from mmrepa.backbones.repopt_vgg.blocks import _random_kernel
 from mmrepa.engine.optimizers import collect_branch_scales
 from mmrepa.errors import CheckpointError, ConfigError
-from mmrepa.layers import CSLAConvBN, RepOptConvBN
-from mmrepa.layers.repopt import _random_kernel
 from mmrepa.utils import complexity
 
 from .conftest import randomize_
 
-SCALES = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'shared',
-                  'repopt-scales')
+SCALES = osp.join(
+    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'shared', 'repopt-scales'
+)
 TINY = dict(depths=(2, 2, 2, 1), widths=(8, 16, 16, 32), stem_width=8)
 
 
@@ -38,14 +40,18 @@ def params(model):
 
 
 # SPEC-repopt §6.8: backbone only (no FC) and the FC of 1000 / 100 classes of the widest stage
-@pytest.mark.parametrize('arch, inference, training, hs_fc1000, hs_fc100, repvgg', [
-    ('B1', 51_829_480, 51_841_832, 57_405_672, 55_561_572, 57_415_016),
-    ('B2', 80_315_112, 80_330_536, 89_010_696, 86_705_796, 89_022_376),
-    ('L1', 76_018_920, 76_037_928, 84_308_712, 82_464_612, 84_324_712),
-    ('L2', 118_109_032, 118_132_776, 131_036_296, 128_731_396, 131_056_296),
-])
-def test_parameter_counts_equal_the_spec_in_every_mode(arch, inference, training, hs_fc1000,
-                                                       hs_fc100, repvgg):
+@pytest.mark.parametrize(
+    'arch, inference, training, hs_fc1000, hs_fc100, repvgg',
+    [
+        ('B1', 51_829_480, 51_841_832, 57_405_672, 55_561_572, 57_415_016),
+        ('B2', 80_315_112, 80_330_536, 89_010_696, 86_705_796, 89_022_376),
+        ('L1', 76_018_920, 76_037_928, 84_308_712, 82_464_612, 84_324_712),
+        ('L2', 118_109_032, 118_132_776, 131_036_296, 128_731_396, 131_056_296),
+    ],
+)
+def test_parameter_counts_equal_the_spec_in_every_mode(
+    arch, inference, training, hs_fc1000, hs_fc100, repvgg
+):
     with torch.device('meta'):
         width = RepOptVGG(arch).num_features[-1]
 
@@ -60,13 +66,19 @@ def test_parameter_counts_equal_the_spec_in_every_mode(arch, inference, training
         assert params(RepOptVGG(arch, mode='repvgg')) + fc(1000) == repvgg
 
 
-@pytest.mark.parametrize('arch, gmacs, with_fc, backbone_params', [
-    ('B1', 11.813, 11.815, 49_780_480), ('B2', 18.374, 18.377, 77_754_112),
-    ('L1', 21.062, 21.064, 73_969_920), ('L2', 32.825, 32.827, 115_548_032)])
+@pytest.mark.parametrize(
+    'arch, gmacs, with_fc, backbone_params',
+    [
+        ('B1', 11.813, 11.815, 49_780_480),
+        ('B2', 18.374, 18.377, 77_754_112),
+        ('L1', 21.062, 21.064, 73_969_920),
+        ('L2', 32.825, 32.827, 115_548_032),
+    ],
+)
 def test_macs_equal_the_spec(arch, gmacs, with_fc, backbone_params):
     """The folded backbone at 224 x 224, without and with the FC-1000 (SPEC §6.8)."""
-    model = RepOptVGG(arch, deploy=True, out_indices=(3, )).eval()
-    counts = complexity(model, (torch.zeros(1, 3, 224, 224), ))
+    model = RepOptVGG(arch, deploy=True, out_indices=(3,)).eval()
+    counts = complexity(model, (torch.zeros(1, 3, 224, 224),))
     fc = model.num_features[-1] * 1000
     assert round(counts['macs'] / 1e9, 3) == gmacs
     assert round((counts['macs'] + fc) / 1e9, 3) == with_fc
@@ -91,18 +103,21 @@ def _csla(c_in, c_out, stride, seed):
 def _target_like(csla):
     target = RepOptConvBN(csla.in_channels, csla.out_channels, csla.stride).double()
     scales = csla.scales()
-    target.set_scales(scales['scale_conv.weight'], scales['scale_1x1.weight'],
-                      scales.get('scale_identity.weight'))
+    target.set_scales(
+        scales['scale_conv.weight'], scales['scale_1x1.weight'], scales.get('scale_identity.weight')
+    )
     return target
 
 
-@pytest.mark.parametrize('c_in, c_out, stride', [(3, 6, 2), (6, 10, 2), (6, 6, 1)],
-                         ids=['stem', 'stride-2', 'identity'])
+@pytest.mark.parametrize(
+    'c_in, c_out, stride', [(3, 6, 2), (6, 10, 2), (6, 6, 1)], ids=['stem', 'stride-2', 'identity']
+)
 def test_multiplier_is_the_squared_jacobian_of_the_branches(c_in, c_out, stride):
     """M = diag(J Jᵀ), J = dW'/d(K, P, i) with s, t constant, and J Jᵀ is diagonal."""
     csla = _csla(c_in, c_out, stride, seed=c_in + c_out)
-    names = ['conv.weight', 'conv_1x1.weight'] + (['scale_identity.weight']
-                                                   if csla.has_identity else [])
+    names = ['conv.weight', 'conv_1x1.weight'] + (
+        ['scale_identity.weight'] if csla.has_identity else []
+    )
     own = dict(csla.named_parameters())
 
     class Kernel(nn.Module):  # W'(K, P, i) through the layer's own equivalent_kernel()
@@ -115,23 +130,25 @@ def test_multiplier_is_the_squared_jacobian_of_the_branches(c_in, c_out, stride)
 
     def kernel(*values):
         return torch.func.functional_call(
-            Kernel(), {f'layer.{n}': v for n, v in zip(names, values)}, ())
+            Kernel(), {f'layer.{n}': v for n, v in zip(names, values)}, ()
+        )
 
     jac = torch.autograd.functional.jacobian(kernel, tuple(own[n].detach() for n in names))
     n = csla.conv.weight.numel()
     J = torch.cat([j.reshape(n, -1) for j in jac], dim=1)
     JJt = J @ J.T
     assert torch.equal(JJt, torch.diag(torch.diagonal(JJt)))
-    (weight, branches), = _target_like(csla).repopt_branch_scales().items()
+    ((weight, branches),) = _target_like(csla).repopt_branch_scales().items()
     mult = (branches.double() ** 2).sum(0)
     torch.testing.assert_close(torch.diagonal(JJt).view(weight.shape), mult, rtol=0, atol=1e-6)
     # the scales index output channels: s_c scales row c of M
     s = csla.scale_conv.weight
-    torch.testing.assert_close(mult[:, :, 0, 0], (s ** 2).view(-1, 1).expand(-1, c_in).to(
-        mult), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        mult[:, :, 0, 0], (s**2).view(-1, 1).expand(-1, c_in).to(mult), rtol=1e-6, atol=0
+    )
     centre = mult[:, :, 1, 1] - mult[:, :, 0, 0]
     eye = torch.eye(c_out, c_in, dtype=mult.dtype) if csla.has_identity else 0
-    expected = ((csla.scale_1x1.weight ** 2).view(-1, 1) + eye).expand_as(centre).to(mult)
+    expected = ((csla.scale_1x1.weight**2).view(-1, 1) + eye).expand_as(centre).to(mult)
     torch.testing.assert_close(centre, expected, rtol=1e-6, atol=1e-7)
 
 
@@ -161,7 +178,7 @@ def _random_scales(model, seed):
     g = torch.Generator().manual_seed(seed)
     scales = {}
     for name, m in model.layers().items():
-        for key in ('scale_conv', 'scale_1x1', 'scale_identity')[:3 if m.has_identity else 2]:
+        for key in ('scale_conv', 'scale_1x1', 'scale_identity')[: 3 if m.has_identity else 2]:
             v = torch.randn(m.out_channels, generator=g)
             v[0] = 0.0 if key == 'scale_1x1' else v[0]
             scales[f'{name}.{key}.weight'] = v
@@ -219,12 +236,18 @@ def test_every_mode_folds_exactly_into_the_deployed_network(mode):
     # fp32 too
     model32, x = model.float(), torch.randn(1, 3, 19, 21)
     out = model32(x)[-1]
-    torch.testing.assert_close(mmrepa.reparameterize(copy.deepcopy(model32))(x)[-1], out,
-                               rtol=1e-4, atol=1e-4 * out.abs().max().item())
+    torch.testing.assert_close(
+        mmrepa.reparameterize(copy.deepcopy(model32))(x)[-1],
+        out,
+        rtol=1e-4,
+        atol=1e-4 * out.abs().max().item(),
+    )
 
 
-@pytest.mark.parametrize('arch, tensors, floats', [('B1', 79, 34_048), ('B2', 79, 42_528),
-                                                   ('L1', 139, 54_016), ('L2', 139, 67_488)])
+@pytest.mark.parametrize(
+    'arch, tensors, floats',
+    [('B1', 79, 34_048), ('B2', 79, 42_528), ('L1', 139, 54_016), ('L2', 139, 67_488)],
+)
 def test_released_scale_files_load_by_name(arch, tensors, floats):
     path = scales_file(arch)
     released = torch.load(path, weights_only=True)
@@ -241,23 +264,31 @@ def test_released_scale_files_load_by_name(arch, tensors, floats):
 def test_released_b1_scales_are_what_the_spec_describes():
     released = torch.load(scales_file('B1'), weights_only=True)
     assert sum(int((v < 0).sum()) for v in released.values()) == 156
-    mixed = sum(int((v * released[k.replace('scale_conv', 'scale_1x1')] < 0).sum())
-                for k, v in released.items() if k.endswith('scale_conv.weight'))
+    mixed = sum(
+        int((v * released[k.replace('scale_conv', 'scale_1x1')] < 0).sum())
+        for k, v in released.items()
+        if k.endswith('scale_conv.weight')
+    )
     assert mixed == 90
     assert round(released['stage3.15.scale_conv.weight'].mean().item(), 4) == 0.3021
     # the multiplier they give: the largest centre-diagonal value is 10.3
     target = RepOptVGG('B1', scales=scales_file('B1'))
-    largest = max(float((b.double() ** 2).sum(0)[:, :, 1, 1].max())
-                  for m in target.layers().values()
-                  for b in m.repopt_branch_scales().values())
+    largest = max(
+        float((b.double() ** 2).sum(0)[:, :, 1, 1].max())
+        for m in target.layers().values()
+        for b in m.repopt_branch_scales().values()
+    )
     assert round(largest, 1) == 10.3
 
 
 def test_wrong_scales_are_refused_by_key(tmp_path):
     with pytest.raises(CheckpointError, match=r'stage1\.4\.scale_conv\.weight'):
         RepOptVGG('L1', mode='csla', scales=scales_file('B1'))  # B1 has 4 layers in stage 1
-    with pytest.raises(CheckpointError, match=r'stage0\.scale_conv\.weight has shape \(64,\).*'
-                       r'another arch'):
+    with pytest.raises(
+        CheckpointError,
+        match=r'stage0\.scale_conv\.weight has shape \(64,\).*'
+        r'another arch',
+    ):
         RepOptVGG(dict(ARCH_B1_WIDER), scales=scales_file('B1'))
     partial = torch.load(scales_file('B1'), weights_only=True)
     del partial['stage2.3.scale_1x1.weight']
@@ -324,10 +355,11 @@ def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics():
 
 # a stage-2 first layer of stride 1 and unchanged width has an identity branch
 HS_INIT_CASES = {
-    'standard': (dict(depths=(4, 6, 3, 1), widths=(8, 16, 24, 32), stem_width=8),
-                 (2, 2, 2, 2, 2)),
-    'stride-1 first layer': (dict(depths=(2, 3, 2, 1), widths=(8, 8, 16, 24), stem_width=8),
-                             (2, 2, 1, 2, 2)),
+    'standard': (dict(depths=(4, 6, 3, 1), widths=(8, 16, 24, 32), stem_width=8), (2, 2, 2, 2, 2)),
+    'stride-1 first layer': (
+        dict(depths=(2, 3, 2, 1), widths=(8, 8, 16, 24), stem_width=8),
+        (2, 2, 1, 2, 2),
+    ),
 }
 
 
@@ -336,8 +368,7 @@ def paper_initial_scales(arch, strides, in_channels=3):
     first layer that has an identity branch has depth l = 1, the next l = 2, ...; its s and t
     start at sqrt(2 / l); layers without identity branch (the stem, the first layer of a
     stage that changes width or has stride 2) start at 1; every identity scale at 1."""
-    out = {'stage0': (1.0, 1.0 if in_channels == arch['stem_width'] and strides[0] == 1
-                      else None)}
+    out = {'stage0': (1.0, 1.0 if in_channels == arch['stem_width'] and strides[0] == 1 else None)}
     previous = arch['stem_width']
     for k in range(4):
         depth = 0  # the paper's l
@@ -369,19 +400,27 @@ def test_constants_start_at_the_hyper_search_initial_values(mode, case):
             s, t = m.scale_conv.weight, m.scale_1x1.weight
             i = m.scale_identity.weight if m.has_identity else None
         for got in (s, t):
-            torch.testing.assert_close(got, torch.full_like(got, st), rtol=1e-7, atol=0,
-                                       msg=f'{name}: {got[0].item()} instead of {st}')
+            torch.testing.assert_close(
+                got,
+                torch.full_like(got, st),
+                rtol=1e-7,
+                atol=0,
+                msg=f'{name}: {got[0].item()} instead of {st}',
+            )
         if identity is not None:
             assert torch.equal(i, torch.ones_like(i)), name
     if case == 'standard':  # the numbers themselves: 1, sqrt(2), 1, sqrt(2/3), ...
-        got = [float(m.scale_conv[0] if mode == 'target' else m.scale_conv.weight[0].detach())
-               for m in model.stage2]
+        got = [
+            float(m.scale_conv[0] if mode == 'target' else m.scale_conv.weight[0].detach())
+            for m in model.stage2
+        ]
         assert got == pytest.approx([1.0, 1.41421356, 1.0, 0.81649658, 0.70710678, 0.63245553])
     if mode == 'target' and case == 'standard':  # the multiplier they give: 2 / l off-centre
         layer = model.stage2[3]
-        (weight, branches), = layer.repopt_branch_scales().items()
-        torch.testing.assert_close((branches ** 2).sum(0)[:, :, 0, 2],
-                                   torch.full(weight.shape[:2], 2.0 / 3.0))
+        ((weight, branches),) = layer.repopt_branch_scales().items()
+        torch.testing.assert_close(
+            (branches**2).sum(0)[:, :, 0, 2], torch.full(weight.shape[:2], 2.0 / 3.0)
+        )
 
 
 def test_deploy_ignores_scales_and_does_not_read_them(tmp_path):
@@ -397,8 +436,11 @@ def test_deploy_ignores_scales_and_does_not_read_them(tmp_path):
 
 def _without_constants(state_dict):
     """A target state dict as the official checkpoints have it: no scale_* buffers."""
-    return {k: v for k, v in state_dict.items() if k.split('.')[-1] not in (
-        'scale_conv', 'scale_1x1', 'scale_identity')}
+    return {
+        k: v
+        for k, v in state_dict.items()
+        if k.split('.')[-1] not in ('scale_conv', 'scale_1x1', 'scale_identity')
+    }
 
 
 def test_a_checkpoint_without_constants_needs_scales(tmp_path):
@@ -411,8 +453,11 @@ def test_a_checkpoint_without_constants_needs_scales(tmp_path):
 
     # fine-tuning without scales=: an error naming the file and the option
     model = RepOptVGG(TINY, init_cfg=pretrained)
-    with pytest.raises(CheckpointError, match=r'official_target\.pth has no RepOpt constants.*'
-                       r'model\.backbone\.scales'):
+    with pytest.raises(
+        CheckpointError,
+        match=r'official_target\.pth has no RepOpt constants.*'
+        r'model\.backbone\.scales',
+    ):
         model.init_weights()
     # with them: the kernels load, the constants are those of scales=
     model = RepOptVGG(TINY, scales=_target_scales(trained), init_cfg=pretrained)
@@ -424,10 +469,16 @@ def test_a_checkpoint_without_constants_needs_scales(tmp_path):
     # a checkpoint that carries its constants, and scales= that differ from them
     full = str(tmp_path / 'mmrepa_target.pth')
     torch.save({'state_dict': trained.state_dict()}, full)
-    model = RepOptVGG(TINY, scales=_random_scales(trained, seed=5),
-                      init_cfg=dict(type='Pretrained', checkpoint=full))
-    with pytest.raises(CheckpointError, match=r'mmrepa_target\.pth carries RepOpt constants '
-                       r'that differ from scales='):
+    model = RepOptVGG(
+        TINY,
+        scales=_random_scales(trained, seed=5),
+        init_cfg=dict(type='Pretrained', checkpoint=full),
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r'mmrepa_target\.pth carries RepOpt constants '
+        r'that differ from scales=',
+    ):
         model.init_weights()
 
     # load_from (mmengine loads non-strictly): training that kernel is refused, not run with

@@ -1,5 +1,6 @@
 """Release checkpoints of the original projects load under safe loading, through every path;
 nothing outside the allow-list is ever called."""
+
 import argparse
 import os.path as osp
 
@@ -11,8 +12,13 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from yacs.config import CfgNode
 
 from mmrepa.backbones import RePaSwin
-from mmrepa.checkpoint import (CheckpointError, ForeignConfig, ForeignGlobalError,
-                               ForeignNamespace, read_state_dict)
+from mmrepa.checkpoint import (
+    CheckpointError,
+    ForeignConfig,
+    ForeignGlobalError,
+    ForeignNamespace,
+    read_state_dict,
+)
 
 from .conftest import TINY_ARCH
 
@@ -43,17 +49,46 @@ def history():
 
 # Each project's layout as its training script writes it.
 LAYOUTS = {
-    'repavit': lambda: dict(model=weights(), model_ema=weights(2.0), optimizer={},
-                            lr_scheduler=dict(last_epoch=3), epoch=3, scaler={}, args=args()),
-    'slab': lambda: dict(model=weights(), optimizer={}, lr_scheduler={}, max_accuracy=81.2,
-                         epoch=299, config=yacs_config()),
-    'swin': lambda: dict(model=weights(), optimizer={}, lr_scheduler={}, max_accuracy=81.2,
-                         epoch=299, config=yacs_config()),
-    'timm_train': lambda: dict(epoch=299, arch='caformer_s18', state_dict=weights(),
-                               state_dict_ema=weights(2.0), optimizer={}, version=2,
-                               args=args(), metric=83.6),
-    'mmengine': lambda: dict(state_dict=weights(), meta=dict(epoch=12, seed=0),
-                             message_hub=dict(log_scalars=dict(loss=history()))),
+    'repavit': lambda: dict(
+        model=weights(),
+        model_ema=weights(2.0),
+        optimizer={},
+        lr_scheduler=dict(last_epoch=3),
+        epoch=3,
+        scaler={},
+        args=args(),
+    ),
+    'slab': lambda: dict(
+        model=weights(),
+        optimizer={},
+        lr_scheduler={},
+        max_accuracy=81.2,
+        epoch=299,
+        config=yacs_config(),
+    ),
+    'swin': lambda: dict(
+        model=weights(),
+        optimizer={},
+        lr_scheduler={},
+        max_accuracy=81.2,
+        epoch=299,
+        config=yacs_config(),
+    ),
+    'timm_train': lambda: dict(
+        epoch=299,
+        arch='caformer_s18',
+        state_dict=weights(),
+        state_dict_ema=weights(2.0),
+        optimizer={},
+        version=2,
+        args=args(),
+        metric=83.6,
+    ),
+    'mmengine': lambda: dict(
+        state_dict=weights(),
+        meta=dict(epoch=12, seed=0),
+        message_hub=dict(log_scalars=dict(loss=history())),
+    ),
 }
 
 
@@ -69,8 +104,9 @@ def files(tmp_path_factory):
 
 @pytest.mark.parametrize('layout', LAYOUTS)
 def test_every_layout_loads_through_init_cfg(files, layout):
-    model = RePaSwin(TINY_ARCH, window_size=3,
-                     init_cfg=dict(type='Pretrained', checkpoint=files[layout]))
+    model = RePaSwin(
+        TINY_ARCH, window_size=3, init_cfg=dict(type='Pretrained', checkpoint=files[layout])
+    )
     model.init_weights()
     expected = weights()
     assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
@@ -78,8 +114,11 @@ def test_every_layout_loads_through_init_cfg(files, layout):
 
 @pytest.mark.parametrize('layout', ['repavit', 'timm_train'])
 def test_ema_weights_on_request(files, layout):
-    model = RePaSwin(TINY_ARCH, window_size=3, init_cfg=dict(
-        type='Pretrained', checkpoint=files[layout], use_ema=True))
+    model = RePaSwin(
+        TINY_ARCH,
+        window_size=3,
+        init_cfg=dict(type='Pretrained', checkpoint=files[layout], use_ema=True),
+    )
     model.init_weights()
     key = 'stages.0.blocks.0.ffn.fc1.weight'
     torch.testing.assert_close(model.state_dict()[key], weights(2.0)[key])
@@ -122,8 +161,11 @@ def test_a_hostile_pickle_is_refused_and_never_runs(tmp_path):
     path = str(tmp_path / 'hostile.pth')
     torch.save(dict(model=weights(), payload=Hostile()), path)
     for read in (read_state_dict, lambda p: CheckpointLoader.load_checkpoint(p)):
-        with pytest.raises(ForeignGlobalError, match=r'hostile\.pth contains io\.open, '
-                           'which mmrepa does not load'):
+        with pytest.raises(
+            ForeignGlobalError,
+            match=r'hostile\.pth contains io\.open, '
+            'which mmrepa does not load',
+        ):
             read(path)
     assert not victim.exists()
 
@@ -140,11 +182,14 @@ def test_bad_files_stop_with_one_line_naming_the_file(tmp_path, files):
         read_state_dict(str(tmp_path / 'missing.pth'))
     truncated = tmp_path / 'truncated.pth'
     data = open(files['mmengine'], 'rb').read()
-    truncated.write_bytes(data[:len(data) // 2])
+    truncated.write_bytes(data[: len(data) // 2])
     text = tmp_path / 'notes.pth'
     text.write_text('these are not weights\n')
     for path in (truncated, text):
-        with pytest.raises(CheckpointError, match=rf'{osp.basename(path)} is not a readable '
-                           'PyTorch checkpoint') as err:
+        with pytest.raises(
+            CheckpointError,
+            match=rf'{osp.basename(path)} is not a readable '
+            'PyTorch checkpoint',
+        ) as err:
             read_state_dict(str(path))
         assert '\n' not in str(err.value)

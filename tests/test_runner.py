@@ -1,4 +1,5 @@
 """End to end with mmengine's Runner: checkpoints under weights_only, the reparameterize hook."""
+
 import copy
 import io
 import os.path as osp
@@ -77,6 +78,7 @@ def test_the_allow_list_is_not_a_switch_off():
     with pytest.raises(pickle.UnpicklingError, match='Unsupported global'):
         _load_pickled(_Reduces(print, 'pwned'))
     from mmengine.logging.history_buffer import HistoryBuffer
+
     # mmengine checkpoints pickle HistoryBuffer's statistics methods as getattr calls; under
     # that name mmrepa registers a function that gives their names, never an attribute
     assert _load_pickled(_Reduces(getattr, HistoryBuffer, 'mean'))['x'] == 'HistoryBuffer.mean'
@@ -106,6 +108,7 @@ def run_test(data_root, ckpt, work_dir, hooks=(), **overrides):
 
 def the_hook(runner):
     from mmrepa.engine import ReparameterizeHook
+
     return next(h for h in runner.hooks if isinstance(h, ReparameterizeHook))
 
 
@@ -156,8 +159,9 @@ def test_reparameterize_hook_tests_the_folded_model_and_restores_it(trained, tmp
     runner.register_hook(plain)
     runner.test()
     folded = ModelUnderTest()
-    runner = make_runner(data_root, ckpt, str(tmp_path / 'folded'),
-                         [dict(type='ReparameterizeHook')])
+    runner = make_runner(
+        data_root, ckpt, str(tmp_path / 'folded'), [dict(type='ReparameterizeHook')]
+    )
     runner.register_hook(folded)
     runner.test()
     assert folded.folded and not plain.folded
@@ -173,6 +177,7 @@ def test_latency_is_per_image_of_each_batch(trained, tmp_path, monkeypatch):
     after, so every batch's time divided by its own size is exactly that."""
     data_root, ckpt = trained
     from mmrepa.utils import latency
+
     calls = []
 
     def fake_time_call(fn, device=None):
@@ -181,10 +186,12 @@ def test_latency_is_per_image_of_each_batch(trained, tmp_path, monkeypatch):
         return (4.0 if len(calls) % 2 else 2.0) * images  # before, after, before, ...
 
     monkeypatch.setattr(latency, 'time_call', fake_time_call)
-    hook = dict(type='ReparameterizeHook', verify=False, measure_latency=True, num_batches=2,
-                warmup=1)
-    runner, _ = run_test(data_root, ckpt, str(tmp_path), [hook],
-                         test_dataloader=dict(batch_size=3))  # 4 images: batches of 3 and 1
+    hook = dict(
+        type='ReparameterizeHook', verify=False, measure_latency=True, num_batches=2, warmup=1
+    )
+    runner, _ = run_test(
+        data_root, ckpt, str(tmp_path), [hook], test_dataloader=dict(batch_size=3)
+    )  # 4 images: batches of 3 and 1
     assert sorted(calls) == [1, 1, 3, 3]
     r = the_hook(runner).results
     assert r['ms_per_image_before'] == pytest.approx(4.0)
@@ -197,10 +204,12 @@ def test_the_original_model_waits_on_the_cpu(trained, tmp_path, monkeypatch):
     tested, and back after."""
     data_root, ckpt = trained
     from mmrepa.engine.hooks import reparameterize_hook
+
     accelerator, moves = torch.device('cuda', 1), []
     monkeypatch.setattr(reparameterize_hook, '_device_of', lambda model: accelerator)
-    monkeypatch.setattr(reparameterize_hook, '_move',
-                        lambda model, device: moves.append((model, device)))
+    monkeypatch.setattr(
+        reparameterize_hook, '_move', lambda model, device: moves.append((model, device))
+    )
     recorder = ModelUnderTest(probe=lambda runner: list(moves))
     runner = make_runner(data_root, ckpt, str(tmp_path), [dict(type='ReparameterizeHook')])
     runner.register_hook(recorder)
@@ -244,8 +253,7 @@ def test_reparameterize_hook_folds_the_ema_weights(trained, tmp_path):
     averages): the folded model tested is the fold of the averages."""
     data_root, ckpt = trained
     ema = dict(type='EMAHook', momentum=0.5)
-    cfg = demo_cfg(data_root, str(tmp_path / 'train'), train_cfg=dict(max_epochs=1),
-                   load_from=ckpt)
+    cfg = demo_cfg(data_root, str(tmp_path / 'train'), train_cfg=dict(max_epochs=1), load_from=ckpt)
     cfg.custom_hooks = [ema]
     Runner.from_cfg(cfg).train()
     ema_ckpt = torch.load(str(tmp_path / 'train' / 'epoch_1.pth'), map_location='cpu')
@@ -253,9 +261,13 @@ def test_reparameterize_hook_folds_the_ema_weights(trained, tmp_path):
     # weights; a run that trained and then tests does not help: EMAHook.before_run copies the
     # model into a new EMA before testing
     recorder = ModelUnderTest()
-    runner = make_runner(data_root, str(tmp_path / 'train' / 'epoch_1.pth'),
-                         str(tmp_path / 'test'), [ema, dict(type='ReparameterizeHook')],
-                         resume=True)
+    runner = make_runner(
+        data_root,
+        str(tmp_path / 'train' / 'epoch_1.pth'),
+        str(tmp_path / 'test'),
+        [ema, dict(type='ReparameterizeHook')],
+        resume=True,
+    )
     runner.register_hook(recorder)
     runner.test()
 
@@ -265,9 +277,13 @@ def test_reparameterize_hook_folds_the_ema_weights(trained, tmp_path):
         return mmrepa.reparameterize(model.eval()).state_dict()
 
     averaged = folded_with(ema_ckpt['state_dict'])  # EMAHook saves the averages there
-    trained_weights = folded_with({k[len('module.'):]: v
-                                   for k, v in ema_ckpt['ema_state_dict'].items()
-                                   if k.startswith('module.')})
+    trained_weights = folded_with(
+        {
+            k[len('module.') :]: v
+            for k, v in ema_ckpt['ema_state_dict'].items()
+            if k.startswith('module.')
+        }
+    )
     assert recorder.folded and recorder.state.keys() == averaged.keys()
     k = 'neck.fpn_convs.0.conv.weight'
     assert not torch.allclose(averaged[k], trained_weights[k])  # the test can tell them apart
@@ -279,6 +295,7 @@ def test_reparameterize_hook_folds_the_ema_weights(trained, tmp_path):
 def test_verify_catches_a_wrong_fold(trained, tmp_path, monkeypatch):
     data_root, ckpt = trained
     from mmrepa.layers import ChannelIdleFFN
+
     original = ChannelIdleFFN.reparameterize
 
     def broken(self):
@@ -296,6 +313,7 @@ def test_verify_checks_the_whole_model_not_only_the_backbone(trained, tmp_path, 
     caught too."""
     data_root, ckpt = trained
     from mmrepa.engine.hooks import reparameterize_hook
+
     fold = reparameterize_hook.fold_model
 
     def fold_and_break_the_head(model, **kwargs):
@@ -311,8 +329,14 @@ def test_verify_checks_the_whole_model_not_only_the_backbone(trained, tmp_path, 
 
 
 PREPBN_BACKBONE = dict(
-    type='PRepBNSwin', arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
-    window_size=4, out_indices=(1, 2, 3), idle_ratio=0.5, drop_path_rate=0., init_cfg=None)
+    type='PRepBNSwin',
+    arch=dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2)),
+    window_size=4,
+    out_indices=(1, 2, 3),
+    idle_ratio=0.5,
+    drop_path_rate=0.0,
+    init_cfg=None,
+)
 
 
 def _train(data_root, work_dir, max_epochs, resume_from=None, prepbn=False):
@@ -324,8 +348,7 @@ def _train(data_root, work_dir, max_epochs, resume_from=None, prepbn=False):
         cfg.custom_hooks = [dict(type='PRepBNScheduleHook', warmup_iters=2, decay_iters=20)]
     cfg.train_dataloader.batch_size = 2
     cfg.train_dataloader.dataset.pipeline[3].prob = 0.0  # no random flips: runs must agree
-    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0,
-                                end=8)]
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=8)]
     if resume_from:
         cfg.resume, cfg.load_from = True, resume_from
     runner = Runner.from_cfg(cfg)
@@ -338,8 +361,13 @@ def test_resume_is_exact(trained, tmp_path, prepbn):
     data_root, _ = trained
     straight = _train(data_root, str(tmp_path / 'straight'), 4, prepbn=prepbn)
     _train(data_root, str(tmp_path / 'first'), 2, prepbn=prepbn)
-    resumed = _train(data_root, str(tmp_path / 'second'), 4,
-                     resume_from=str(tmp_path / 'first' / 'epoch_2.pth'), prepbn=prepbn)
+    resumed = _train(
+        data_root,
+        str(tmp_path / 'second'),
+        4,
+        resume_from=str(tmp_path / 'first' / 'epoch_2.pth'),
+        prepbn=prepbn,
+    )
     assert resumed.iter == straight.iter == 16
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     assert any('running_var' in k for k in a)

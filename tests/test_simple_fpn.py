@@ -1,4 +1,5 @@
 """SimpleFPN (ViTDet's simple feature pyramid) and the LN2d norm it uses."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,10 +14,13 @@ def _sizes(outs):
     return [tuple(o.shape[2:]) for o in outs]
 
 
-@pytest.mark.parametrize('hw, expected', [
-    ((16, 24), [(64, 96), (32, 48), (16, 24), (8, 12), (4, 6)]),
-    ((13, 21), [(52, 84), (26, 42), (13, 21), (6, 10), (3, 5)]),  # odd: floor, then ceil
-])
+@pytest.mark.parametrize(
+    'hw, expected',
+    [
+        ((16, 24), [(64, 96), (32, 48), (16, 24), (8, 12), (4, 6)]),
+        ((13, 21), [(52, 84), (26, 42), (13, 21), (6, 10), (3, 5)]),  # odd: floor, then ceil
+    ],
+)
 def test_output_levels_channels_and_sizes(hw, expected):
     neck = SimpleFPN(in_channels=32, out_channels=16, num_outs=5)
     outs = neck((torch.randn(2, 8, 99, 99), torch.randn(2, 32, *hw)))  # uses the last map
@@ -52,7 +56,11 @@ def test_structure_follows_vitdet():
     neck = SimpleFPN(in_channels=32, out_channels=16)
     up4 = neck.stages[0]
     assert [type(m).__name__ for m in up4] == [
-        'ConvTranspose2d', 'LayerNorm2d', 'GELU', 'ConvTranspose2d']
+        'ConvTranspose2d',
+        'LayerNorm2d',
+        'GELU',
+        'ConvTranspose2d',
+    ]
     assert (up4[0].in_channels, up4[0].out_channels, up4[3].out_channels) == (32, 16, 8)
     assert up4[0].kernel_size == (2, 2) and up4[0].stride == (2, 2)
     assert type(neck.stages[1]).__name__ == 'ConvTranspose2d'
@@ -67,14 +75,16 @@ def test_structure_follows_vitdet():
         assert not lateral.with_activation
 
 
-@pytest.mark.parametrize('norm_cfg, norm_type', [
-    (dict(type='mmrepa.LN2d'), LayerNorm2d),
-    (dict(type='GN', num_groups=4), torch.nn.GroupNorm),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    'norm_cfg, norm_type',
+    [
+        (dict(type='mmrepa.LN2d'), LayerNorm2d),
+        (dict(type='GN', num_groups=4), torch.nn.GroupNorm),
+        (None, None),
+    ],
+)
 def test_other_norms(norm_cfg, norm_type):
-    neck = SimpleFPN(in_channels=16, out_channels=8, norm_cfg=norm_cfg,
-                     act_cfg=dict(type='ReLU'))
+    neck = SimpleFPN(in_channels=16, out_channels=8, norm_cfg=norm_cfg, act_cfg=dict(type='ReLU'))
     if norm_type is None:
         assert neck.lateral_convs[0].norm is None and neck.lateral_convs[0].conv.bias is not None
         assert len(neck.stages[0]) == 3  # deconv, GELU, deconv
@@ -95,8 +105,10 @@ def test_gradients_reach_every_parameter():
 
 
 def test_ln2d_normalizes_over_channels():
-    from mmrepa.registry import MODELS as OWN
     from mmengine.registry import MODELS as ROOT
+
+    from mmrepa.registry import MODELS as OWN
+
     assert OWN.get('LN2d') is LayerNorm2d
     assert 'LN2d' not in ROOT.module_dict  # a generic name: kept out of the root registry
     norm = LayerNorm2d(6, eps=1e-6)
@@ -104,13 +116,12 @@ def test_ln2d_normalizes_over_channels():
         norm.weight.normal_()
         norm.bias.normal_()
     x = torch.randn(2, 6, 3, 5) * 3 + 1
-    ref = F.layer_norm(x.permute(0, 2, 3, 1), (6, ), norm.weight, norm.bias, 1e-6)
+    ref = F.layer_norm(x.permute(0, 2, 3, 1), (6,), norm.weight, norm.bias, 1e-6)
     torch.testing.assert_close(norm(x), ref.permute(0, 3, 1, 2))
     # Each position's channel vector is standardised (with unit weight and zero bias).
     y = LayerNorm2d(6)(x)
     torch.testing.assert_close(y.mean(1), torch.zeros(2, 3, 5), atol=1e-5, rtol=0)
-    torch.testing.assert_close(y.var(1, unbiased=False), torch.ones(2, 3, 5), atol=1e-4,
-                               rtol=0)
+    torch.testing.assert_close(y.var(1, unbiased=False), torch.ones(2, 3, 5), atol=1e-4, rtol=0)
     assert set(norm.state_dict()) == {'weight', 'bias'}
     with pytest.raises(ValueError, match=r'\(B, 6, \.\.\.\).*\(2, 3, 5, 6\)'):
         norm(x.permute(0, 2, 3, 1))
@@ -119,47 +130,60 @@ def test_ln2d_normalizes_over_channels():
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
 def test_builds_from_downstream_scope_by_name(scope):
     import importlib
+
     registry = importlib.import_module(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):
         neck = registry.MODELS.build(
-            dict(type='SimpleFPN', in_channels=16, out_channels=8, num_outs=4))
+            dict(type='SimpleFPN', in_channels=16, out_channels=8, num_outs=4)
+        )
     assert isinstance(neck, SimpleFPN)
     assert isinstance(neck.fpn_convs[0].norm, LayerNorm2d)
-    assert _sizes(neck((torch.randn(1, 16, 4, 6), ))) == [(16, 24), (8, 12), (4, 6), (2, 3)]
+    assert _sizes(neck((torch.randn(1, 16, 4, 6),))) == [(16, 24), (8, 12), (4, 6), (2, 3)]
 
 
 def test_in_mmdet_retinanet_loss(tmp_path):
     """custom_imports + a RetinaNet whose backbone gives one stride-16 map; loss and backward."""
-    from mmengine.config import Config
-    from mmengine.structures import InstanceData
     from mmdet.registry import MODELS
     from mmdet.structures import DetDataSample
+    from mmengine.config import Config
+    from mmengine.structures import InstanceData
+
     path = tmp_path / 'retinanet_simple_fpn.py'
     path.write_text(
         "_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'\n"
         "custom_imports = dict(imports=['mmrepa'])\n"
-        "model = dict(\n"
+        'model = dict(\n'
         "    backbone=dict(_delete_=True, type='ResNet', depth=18, base_channels=16,\n"
-        "                  num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),\n"
+        '                  num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),\n'
         "                  out_indices=(2, ), norm_cfg=dict(type='BN'), init_cfg=None),\n"
         "    neck=dict(_delete_=True, type='SimpleFPN', in_channels=64, out_channels=32,\n"
-        "              num_outs=5),\n"
-        "    bbox_head=dict(in_channels=32, feat_channels=32, stacked_convs=1,\n"
-        "                   anchor_generator=dict(strides=[4, 8, 16, 32, 64])))\n")
+        '              num_outs=5),\n'
+        '    bbox_head=dict(in_channels=32, feat_channels=32, stacked_convs=1,\n'
+        '                   anchor_generator=dict(strides=[4, 8, 16, 32, 64])))\n'
+    )
     cfg = Config.fromfile(str(path))
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)
     assert isinstance(model.neck, SimpleFPN)
     inputs = torch.randn(2, 3, 64, 96)
     feats = model.extract_feat(inputs)
-    assert [tuple(f.shape) for f in feats] == [(2, 32, 16, 24), (2, 32, 8, 12), (2, 32, 4, 6),
-                                                (2, 32, 2, 3), (2, 32, 1, 2)]
+    assert [tuple(f.shape) for f in feats] == [
+        (2, 32, 16, 24),
+        (2, 32, 8, 12),
+        (2, 32, 4, 6),
+        (2, 32, 2, 3),
+        (2, 32, 1, 2),
+    ]
     samples = []
     for _ in range(2):
-        sample = DetDataSample(metainfo=dict(img_shape=(64, 96), pad_shape=(64, 96),
-                                             ori_shape=(64, 96), scale_factor=(1., 1.)))
-        sample.gt_instances = InstanceData(bboxes=torch.tensor([[4., 6., 40., 50.]]),
-                                           labels=torch.tensor([3]))
+        sample = DetDataSample(
+            metainfo=dict(
+                img_shape=(64, 96), pad_shape=(64, 96), ori_shape=(64, 96), scale_factor=(1.0, 1.0)
+            )
+        )
+        sample.gt_instances = InstanceData(
+            bboxes=torch.tensor([[4.0, 6.0, 40.0, 50.0]]), labels=torch.tensor([3])
+        )
         samples.append(sample)
     losses = model.loss(inputs, samples)
     total = sum(sum(v) if isinstance(v, list) else v for v in losses.values())
@@ -178,13 +202,16 @@ def test_channel_mismatch_names_the_option():
         neck(())
 
 
-@pytest.mark.parametrize('factors, match', [
-    ((4.0, 3.0, 1.0), r'\[3\.0\] not supported.*\(4\.0, 2\.0, 1\.0, 0\.5\)'),
-    ((0.25, ), r'\[0\.25\] not supported'),
-    ((1.0, 2.0), 'decreasing order'),
-    ((2.0, 2.0), 'distinct'),
-    ((), 'non-empty'),
-])
+@pytest.mark.parametrize(
+    'factors, match',
+    [
+        ((4.0, 3.0, 1.0), r'\[3\.0\] not supported.*\(4\.0, 2\.0, 1\.0, 0\.5\)'),
+        ((0.25,), r'\[0\.25\] not supported'),
+        ((1.0, 2.0), 'decreasing order'),
+        ((2.0, 2.0), 'distinct'),
+        ((), 'non-empty'),
+    ],
+)
 def test_bad_scale_factors(factors, match):
     with pytest.raises(ValueError, match=match):
         SimpleFPN(in_channels=32, scale_factors=factors, num_outs=4)

@@ -1,6 +1,7 @@
 """``sync_bn='torch'``: mmrepa's BatchNorms (channel-idle FFN, RepBN/PRepBN) convert to SyncBN,
 ``norm_eval`` still freezes them, and after mmengine's ``revert_sync_batchnorm`` (what test-time
 tools do) the model folds exactly."""
+
 import copy
 
 import pytest
@@ -17,8 +18,9 @@ from .conftest import TINY_ARCH, randomize_
 BUILDERS = {
     'repa_swin': lambda **kw: RePaSwin(arch=TINY_ARCH, window_size=4, **kw),
     'prepbn_swin': lambda **kw: PRepBNSwin(arch=TINY_ARCH, window_size=4, idle_ratio=0.5, **kw),
-    'repa_caformer': lambda **kw: CAFormer(arch=dict(depths=(1, 1, 1, 1), dims=(16, 32, 48, 64)),
-                                           head_dim=16, idle_ratio=0.75, **kw),
+    'repa_caformer': lambda **kw: CAFormer(
+        arch=dict(depths=(1, 1, 1, 1), dims=(16, 32, 48, 64)), head_dim=16, idle_ratio=0.75, **kw
+    ),
 }
 
 

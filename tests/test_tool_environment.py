@@ -1,5 +1,6 @@
 """What the tools do to and expect of their surroundings: outputs with the user's file mode, no
 import-time warnings, and one line naming the package when an optional dependency is missing."""
+
 import os
 import os.path as osp
 import re
@@ -11,8 +12,8 @@ import tempfile
 import pytest
 
 from mmrepa.checkpoint import save_atomically
+from mmrepa.integrations.optional import INSTALL
 from mmrepa.utils.files import atomic_output, set_user_mode
-from mmrepa.utils.optional import INSTALL
 
 from .conftest import ROOT, run_script_here, script_module
 
@@ -64,20 +65,28 @@ def test_tools_print_no_warnings_at_start():
 
 
 def test_help_needs_no_optional_dependency():
-    code = ("import runpy, sys; sys.modules['onnx'] = sys.modules['onnxruntime'] = None; "
-            "sys.argv = ['tools/quantize.py', '--help']; "
-            "runpy.run_path('tools/quantize.py', run_name='__main__')")
+    code = (
+        "import runpy, sys; sys.modules['onnx'] = sys.modules['onnxruntime'] = None; "
+        "sys.argv = ['tools/quantize.py', '--help']; "
+        "runpy.run_path('tools/quantize.py', run_name='__main__')"
+    )
     proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith('usage: quantize.py'), proc.stderr
 
 
-@pytest.mark.parametrize('tool, args, module', [
-    ('quantize', [DEMO, DEMO], 'onnxruntime'),
-    ('export_onnx', [DEMO, '--shape', '64', '64'], 'onnx'),
-    ('benchmark', [DEMO, '--onnx'], 'onnxruntime'),
-    ('deploy', [DEMO, DEMO, 'configs/deploy/detection_onnxruntime_static.py', '--out',
-                'no/such/dir'], 'mmdeploy'),
-])
+@pytest.mark.parametrize(
+    'tool, args, module',
+    [
+        ('quantize', [DEMO, DEMO], 'onnxruntime'),
+        ('export_onnx', [DEMO, '--shape', '64', '64'], 'onnx'),
+        ('benchmark', [DEMO, '--onnx'], 'onnxruntime'),
+        (
+            'deploy',
+            [DEMO, DEMO, 'configs/deploy/detection_onnxruntime_static.py', '--out', 'no/such/dir'],
+            'mmdeploy',
+        ),
+    ],
+)
 def test_a_missing_optional_dependency_is_one_line(tool, args, module, monkeypatch):
     monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
     _, log = run_script_here(f'tools/{tool}.py', *args, ok=False)

@@ -22,6 +22,7 @@ time).
 reads) or a link to one, checked before the timing; they are written atomically (an existing
 file is replaced in one step).
 """
+
 import argparse
 import contextlib
 import copy
@@ -40,13 +41,13 @@ from mmengine.config import DictAction
 import mmrepa
 from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
 from mmrepa.errors import ConfigError
-from mmrepa.tool_inputs import config_inputs
+from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
+from mmrepa.integrations.optional import require
 from mmrepa.utils import complexity, model_complexity, time_interleaved
 from mmrepa.utils.files import atomic_output, check_outputs, write_json
 from mmrepa.utils.latency import cpu_name
 from mmrepa.utils.machine import finish, machine_info
-from mmrepa.utils.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
-from mmrepa.utils.optional import require
 
 TOOL = 'tools/benchmark.py'
 
@@ -55,27 +56,47 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('config')
     parser.add_argument('--checkpoint', help='weights to load (random weights without)')
-    parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), default=None,
-                        help='input size (default: 800 1333 for detection, 512 512 for '
-                        'segmentation, 224 224 for classification)')
+    parser.add_argument(
+        '--shape',
+        nargs=2,
+        type=int,
+        metavar=('H', 'W'),
+        default=None,
+        help='input size (default: 800 1333 for detection, 512 512 for '
+        'segmentation, 224 224 for classification)',
+    )
     parser.add_argument('--batch', type=int, default=1, help='batch of the backbone scope')
     parser.add_argument('--repeat', type=int, default=10, help='timed rounds per scope')
     parser.add_argument('--warmup', type=int, default=2, help='untimed rounds first')
     parser.add_argument('--backbone-only', action='store_true', help='skip the test_step scope')
-    parser.add_argument('--onnx', action='store_true',
-                        help='also time the folded backbone in onnxruntime (CPU)')
-    parser.add_argument('--amp', choices=sorted(AMP_DTYPES),
-                        help='time both models under torch.autocast in this precision')
-    parser.add_argument('--channels-last', action='store_true',
-                        help='both models (4-D weights) and the backbone input in NHWC')
-    parser.add_argument('--compile', action='store_true',
-                        help='torch.compile both backbones; compile time reported apart')
-    parser.add_argument('--compile-backend', default='inductor',
-                        help="torch.compile's backend (default: inductor)")
+    parser.add_argument(
+        '--onnx', action='store_true', help='also time the folded backbone in onnxruntime (CPU)'
+    )
+    parser.add_argument(
+        '--amp',
+        choices=sorted(AMP_DTYPES),
+        help='time both models under torch.autocast in this precision',
+    )
+    parser.add_argument(
+        '--channels-last',
+        action='store_true',
+        help='both models (4-D weights) and the backbone input in NHWC',
+    )
+    parser.add_argument(
+        '--compile',
+        action='store_true',
+        help='torch.compile both backbones; compile time reported apart',
+    )
+    parser.add_argument(
+        '--compile-backend', default='inductor', help="torch.compile's backend (default: inductor)"
+    )
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--keep-denormals', action='store_true',
-                        help='do not flush denormal floats to zero on the CPU (random weights '
-                        'produce them, and they slow every GEMM several times)')
+    parser.add_argument(
+        '--keep-denormals',
+        action='store_true',
+        help='do not flush denormal floats to zero on the CPU (random weights '
+        'produce them, and they slow every GEMM several times)',
+    )
     parser.add_argument('--out', help='write the results as JSON here')
     parser.add_argument('--plot', help='draw a before/after bar chart here (PNG)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
@@ -92,18 +113,23 @@ def autocast_context(device: torch.device, amp: Optional[str]):
         return contextlib.nullcontext
     dtype = AMP_DTYPES[amp]
     if not torch.amp.is_autocast_available(device.type):
-        raise ConfigError(f'--amp {amp}: torch has no autocast for {device.type} devices; '
-                          'time without --amp')
+        raise ConfigError(
+            f'--amp {amp}: torch has no autocast for {device.type} devices; time without --amp'
+        )
     if device.type == 'cuda' and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f'--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 '
-                          'arithmetic; use --amp fp16')
+        raise ConfigError(
+            f'--amp bf16: {torch.cuda.get_device_name(device)} has no bfloat16 '
+            'arithmetic; use --amp fp16'
+        )
     try:  # the two ops every backbone runs
         with torch.autocast(device.type, dtype=dtype):
             F.conv2d(torch.ones(1, 1, 3, 3, device=device), torch.ones(1, 1, 3, 3, device=device))
             F.linear(torch.ones(2, 2, device=device), torch.ones(2, 2, device=device))
     except RuntimeError as err:
-        raise ConfigError(f'--amp {amp}: {device} cannot run {dtype} autocast ({err}); time '
-                          'without --amp or on another device') from None
+        raise ConfigError(
+            f'--amp {amp}: {device} cannot run {dtype} autocast ({err}); time '
+            'without --amp or on another device'
+        ) from None
     return functools.partial(torch.autocast, device.type, dtype=dtype)
 
 
@@ -139,12 +165,18 @@ def network_under_autocast(models, amp):
     """Inside, the forward of the backbone, the neck and every head of ``models`` runs under
     ``amp()`` and hands float32 on: post-processing (NMS, resizing) stays float32, as mmcv's
     CPU ops require."""
-    parts = [m for model in models for name, m in model.named_modules()
-             if name in ('backbone', 'neck') or name.split('.')[-1].endswith('head')]
+    parts = [
+        m
+        for model in models
+        for name, m in model.named_modules()
+        if name in ('backbone', 'neck') or name.split('.')[-1].endswith('head')
+    ]
     for part in parts:
+
         def forward(*args, _forward=part.forward, **kwargs):
             with amp():
                 return _float32(_forward(*args, **kwargs))
+
         part.forward = forward
     try:
         yield
@@ -169,21 +201,24 @@ def summarize(stats, images):
     out = {}
     for name, s in stats.items():
         per_image = [t / images for t in s.samples]
-        out[name] = dict(median_ms=float(np.median(per_image)), min_ms=min(per_image),
-                         max_ms=max(per_image),
-                         images_per_s=1e3 / float(np.median(per_image)))
+        out[name] = dict(
+            median_ms=float(np.median(per_image)),
+            min_ms=min(per_image),
+            max_ms=max(per_image),
+            images_per_s=1e3 / float(np.median(per_image)),
+        )
     return out
 
 
 def measure(name, variants, images, args, device):
     def progress(done, total):
-        print(f'\r  {name}: {done}/{total} rounds', end='' if done < total else '\n',
-              flush=True)
+        print(f'\r  {name}: {done}/{total} rounds', end='' if done < total else '\n', flush=True)
 
     # compiled models: the first call compiles, the next ones may specialise once more
     warmup = max(args.warmup, 3 if args.compile else 0)
-    stats = time_interleaved(variants, repeat=args.repeat, warmup=warmup, device=device,
-                             progress=progress)
+    stats = time_interleaved(
+        variants, repeat=args.repeat, warmup=warmup, device=device, progress=progress
+    )
     return summarize(stats, images)
 
 
@@ -217,53 +252,79 @@ def run(args):
     folded = mmrepa.reparameterize(copy.deepcopy(model))
     eager = dict(before=model.backbone, after=folded.backbone)  # for ONNX and MAC counts
     compiled_backbones = prepare(model, folded, args)
-    result = dict(config=args.config, checkpoint=args.checkpoint, device=str(device),
-                  device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda'
-                               else cpu_name()),
-                  threads=torch.get_num_threads(), flush_denormal=bool(flush),
-                  dtype=str(next(model.parameters()).dtype), amp=args.amp,
-                  channels_last=args.channels_last, compile=args.compile,
-                  shape=list(shape), batch=args.batch, repeat=args.repeat, warmup=args.warmup,
-                  torch=torch.__version__, machine=machine, scopes={})
+    result = dict(
+        config=args.config,
+        checkpoint=args.checkpoint,
+        device=str(device),
+        device_name=(torch.cuda.get_device_name(device) if device.type == 'cuda' else cpu_name()),
+        threads=torch.get_num_threads(),
+        flush_denormal=bool(flush),
+        dtype=str(next(model.parameters()).dtype),
+        amp=args.amp,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        shape=list(shape),
+        batch=args.batch,
+        repeat=args.repeat,
+        warmup=args.warmup,
+        torch=torch.__version__,
+        machine=machine,
+        scopes={},
+    )
 
     x = torch.randn(args.batch, 3, *shape, device=device)
     if args.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     one = x[:1].contiguous()
+
     def under_amp(call):
         def run():
             with amp():
                 return call()
+
         return run
 
-    variants = dict(before=under_amp(lambda: model.backbone(x)),
-                    after=under_amp(lambda: folded.backbone(x)))
+    variants = dict(
+        before=under_amp(lambda: model.backbone(x)), after=under_amp(lambda: folded.backbone(x))
+    )
     with tempfile.TemporaryDirectory() as tmp:
         if args.onnx:
-            variants['onnx'] = onnx_variant(eager['after'], x.contiguous(),
-                                            osp.join(tmp, 'backbone.onnx'))
+            variants['onnx'] = onnx_variant(
+                eager['after'], x.contiguous(), osp.join(tmp, 'backbone.onnx')
+            )
         scope = measure('backbone', variants, args.batch, args, device)
     if compiled_backbones:
-        result['compile_seconds'] = {k: m.compile_seconds
-                                     for k, m in compiled_backbones.items()}
-    before, after = complexity(eager['before'], (one, )), complexity(eager['after'], (one, ))
-    scope.update(params_before=before['params'], params_after=after['params'],
-                 gmacs_before=before['macs'] / 1e9, gmacs_after=after['macs'] / 1e9)
+        result['compile_seconds'] = {k: m.compile_seconds for k, m in compiled_backbones.items()}
+    before, after = complexity(eager['before'], (one,)), complexity(eager['after'], (one,))
+    scope.update(
+        params_before=before['params'],
+        params_after=after['params'],
+        gmacs_before=before['macs'] / 1e9,
+        gmacs_after=after['macs'] / 1e9,
+    )
     result['scopes']['backbone'] = scope
 
     if not args.backbone_only:
         batch = pipeline_batch(cfg, shape)
         with network_under_autocast((model, folded), amp):
-            scope = measure('test_step', dict(before=lambda: model.test_step(batch),
-                                              after=lambda: folded.test_step(batch)), 1,
-                            args, device)
+            scope = measure(
+                'test_step',
+                dict(before=lambda: model.test_step(batch), after=lambda: folded.test_step(batch)),
+                1,
+                args,
+                device,
+            )
         data = model.data_preprocessor(copy.deepcopy(batch), False)
         for m in (model, folded):  # mmengine's analysis traces the eager backbones
             m.backbone = eager['before' if m is model else 'after']
         before, after = model_complexity(model, data), model_complexity(folded, data)
-        scope.update(params_before=before['params'], params_after=after['params'],
-                     gmacs_before=before['macs'] / 1e9, gmacs_after=after['macs'] / 1e9,
-                     input_shape=list(data['inputs'].shape))
+        scope.update(
+            params_before=before['params'],
+            params_after=after['params'],
+            gmacs_before=before['macs'] / 1e9,
+            gmacs_after=after['macs'] / 1e9,
+            input_shape=list(data['inputs'].shape),
+        )
         result['scopes']['test_step'] = scope
 
     for scope in result['scopes'].values():
@@ -276,36 +337,52 @@ def run(args):
 
 
 def format_table(result):
-    settings = ', '.join(s for s in (f"autocast {result['amp']}" if result['amp'] else '',
-                                     'channels-last' if result['channels_last'] else '',
-                                     'compiled' if result['compile'] else '') if s)
+    settings = ', '.join(
+        s
+        for s in (
+            f'autocast {result["amp"]}' if result['amp'] else '',
+            'channels-last' if result['channels_last'] else '',
+            'compiled' if result['compile'] else '',
+        )
+        if s
+    )
     kernels = result.get('machine', {}).get('torch_cpu_capability')
     kernels = f", torch's {kernels} kernels" if kernels and result['device'] == 'cpu' else ''
-    lines = [f"{result['config']}  |  {result['device']} ({result['device_name']}{kernels}), "
-             f"{result['threads']} threads, {result['dtype']}"
-             f"{' (' + settings + ')' if settings else ''}, input {result['shape']}, "
-             f"backbone batch {result['batch']}",
-             f"{'scope':<10}{'':<8}{'ms/img':>9}{'min':>9}{'max':>9}{'img/s':>8}"
-             f"{'params M':>10}{'GMACs':>9}"]
+    lines = [
+        f'{result["config"]}  |  {result["device"]} ({result["device_name"]}{kernels}), '
+        f'{result["threads"]} threads, {result["dtype"]}'
+        f'{" (" + settings + ")" if settings else ""}, input {result["shape"]}, '
+        f'backbone batch {result["batch"]}',
+        f'{"scope":<10}{"":<8}{"ms/img":>9}{"min":>9}{"max":>9}{"img/s":>8}'
+        f'{"params M":>10}{"GMACs":>9}',
+    ]
     for name, s in result['scopes'].items():
         for when in [w for w in ('before', 'after', 'onnx') if w in s]:
             t, folded = s[when], 'before' if when == 'before' else 'after'
-            lines.append(f"{name:<10}{when:<8}{t['median_ms']:>9.1f}{t['min_ms']:>9.1f}"
-                         f"{t['max_ms']:>9.1f}{t['images_per_s']:>8.2f}"
-                         f"{s['params_' + folded] / 1e6:>10.2f}{s['gmacs_' + folded]:>9.1f}")
-        lines.append(f"{name:<10}speed-up {s['speedup']:.3f}x (latency "
-                     f"{s['latency_change_percent']:+.1f} %), GMACs ratio {s['gmacs_ratio']:.3f}, "
-                     f"speed-up / GMACs ratio {s['speedup_over_gmacs_ratio']:.3f}")
+            lines.append(
+                f'{name:<10}{when:<8}{t["median_ms"]:>9.1f}{t["min_ms"]:>9.1f}'
+                f'{t["max_ms"]:>9.1f}{t["images_per_s"]:>8.2f}'
+                f'{s["params_" + folded] / 1e6:>10.2f}{s["gmacs_" + folded]:>9.1f}'
+            )
+        lines.append(
+            f'{name:<10}speed-up {s["speedup"]:.3f}x (latency '
+            f'{s["latency_change_percent"]:+.1f} %), GMACs ratio {s["gmacs_ratio"]:.3f}, '
+            f'speed-up / GMACs ratio {s["speedup_over_gmacs_ratio"]:.3f}'
+        )
     if 'compile_seconds' in result:
-        lines.append('compile time (first call, not in the timings): ' + ', '.join(
-            f'{k} {v:.1f} s' for k, v in result['compile_seconds'].items()))
+        lines.append(
+            'compile time (first call, not in the timings): '
+            + ', '.join(f'{k} {v:.1f} s' for k, v in result['compile_seconds'].items())
+        )
     return '\n'.join(lines)
 
 
 def plot(result, path):
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+
     names = list(result['scopes'])
     fig, ax = plt.subplots(figsize=(2.5 + 2 * len(names), 3.5))
     xs = np.arange(len(names))
@@ -315,13 +392,15 @@ def plot(result, path):
         at = [j for j, n in enumerate(names) if when in result['scopes'][n]]
         values = [result['scopes'][names[j]][when]['median_ms'] for j in at]
         label = 'folded, onnxruntime' if when == 'onnx' else f'{when} folding'
-        bars = ax.bar(xs[at] + (i - (len(whens) - 1) / 2) * width, values, width=width,
-                      label=label)
+        bars = ax.bar(xs[at] + (i - (len(whens) - 1) / 2) * width, values, width=width, label=label)
         ax.bar_label(bars, fmt='%.0f')
     ax.set_xticks(xs, names)
     ax.set_ylabel('ms / image (median)')
-    ax.set_title(f"{osp.basename(result['config'])}\n{result['shape'][0]}x{result['shape'][1]}, "
-                 f"{result['device']}", fontsize=9)
+    ax.set_title(
+        f'{osp.basename(result["config"])}\n{result["shape"][0]}x{result["shape"][1]}, '
+        f'{result["device"]}',
+        fontsize=9,
+    )
     ax.legend()
     fig.tight_layout()
     with atomic_output(path) as tmp:  # .tmp.png: the format from the extension, as for path
@@ -333,8 +412,11 @@ def plot(result, path):
 def main(argv=None):
     args = parse_args(argv)
     check_outputs(TOOL, outputs(args), [('config', args.config), ('checkpoint', args.checkpoint)])
-    require(*(('onnx', 'onnxruntime') if args.onnx else ()),
-            *(('matplotlib', ) if args.plot else ()), tool=TOOL)
+    require(
+        *(('onnx', 'onnxruntime') if args.onnx else ()),
+        *(('matplotlib',) if args.plot else ()),
+        tool=TOOL,
+    )
     with torch.no_grad():
         result = run(args)
     print(format_table(result))

@@ -26,6 +26,7 @@ and is written to WORK_DIR/summary.json; the exit status is 1 if any task failed
 per-class scores of a task that did not learn and what to try. Users with COCO / ADE20K run the
 same tools on the configs in ``configs/``.
 """
+
 import argparse
 import json
 import os
@@ -50,6 +51,7 @@ class Metric(NamedTuple):
 class Smoke(NamedTuple):
     """A task made short for ``--smoke``: a smaller set in its own folder, fewer epochs, bars
     still far above what an unlearned model reaches."""
+
     data: dict  # the data maker's sizes
     data_keys: Tuple[str, ...]  # the config's data_root options
     epochs: int
@@ -79,8 +81,9 @@ class Step:
         os.makedirs(self.work_dir, exist_ok=True)
         log = osp.join(self.work_dir, label.replace(' ', '_') + '.log')
         cmd = [sys.executable, *args]
-        shown = ' '.join(osp.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a
-                         for a in cmd[1:])
+        shown = ' '.join(
+            osp.relpath(a, ROOT) if a.startswith(ROOT + os.sep) else a for a in cmd[1:]
+        )
         print(f'      {label:<14} {relative(log)}', end='', flush=True)
         # one compute thread per process: with the data-loader workers on the second core, two
         # OpenMP threads spin against them (and against anything else running) and train ~10x
@@ -92,19 +95,28 @@ class Step:
             out.flush()
             if self.verbose:
                 print(f'\n+ {shown}', flush=True)
-                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
                 for line in proc.stdout:
                     sys.stdout.write(line)
                     out.write(line)
                 code = proc.wait()
             else:
-                code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out,
-                                      stderr=subprocess.STDOUT).returncode
+                code = subprocess.run(
+                    cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                ).returncode
         print(f'  {(time.time() - start) / 60:.1f} min', flush=True)
         if code:
-            raise ToolFailed(f'{osp.basename(args[0])} exited with {code}; its last lines '
-                             f'({relative(log)}):\n' + '\n'.join(last_lines(log, 6)))
+            raise ToolFailed(
+                f'{osp.basename(args[0])} exited with {code}; its last lines '
+                f'({relative(log)}):\n' + '\n'.join(last_lines(log, 6))
+            )
 
 
 def cpu_minutes() -> float:
@@ -127,19 +139,33 @@ def last_lines(path: str, count: int) -> List[str]:
 def _data(maker: str, name: str) -> Callable[..., str]:
     def make(**sizes):
         from mmrepa import datasets
+
         folder = name + ('_smoke' if sizes else '')  # a smaller set beside the full one
         return getattr(datasets, maker)(osp.join(ROOT, 'data', folder), **sizes)
+
     return make
 
 
 def hyper_search(step: Step, work_dir: str, train_options: List[str]) -> List[str]:
     """Train the Hyper-Search network, export its constants; the target's ``scales`` option."""
     config, hs_dir = osp.join(CONFIGS, 'hs_repopt_vgg_shapes.py'), osp.join(work_dir, 'hs')
-    step.run('hyper-search', osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', hs_dir,
-             *cfg_options(train_options))
+    step.run(
+        'hyper-search',
+        osp.join(ROOT, 'tools', 'train.py'),
+        config,
+        '--work-dir',
+        hs_dir,
+        *cfg_options(train_options),
+    )
     scales = osp.join(work_dir, 'scales.pth')
-    step.run('export scales', osp.join(ROOT, 'tools', 'misc', 'repopt_export_scales.py'),
-             config, last_checkpoint(hs_dir), scales, '--force')
+    step.run(
+        'export scales',
+        osp.join(ROOT, 'tools', 'misc', 'repopt_export_scales.py'),
+        config,
+        last_checkpoint(hs_dir),
+        scales,
+        '--force',
+    )
     return [f'model.backbone.scales={scales}']
 
 
@@ -151,29 +177,45 @@ SMOKE_TRAIN, SMOKE_VAL, SMOKE_EPOCHS, SMOKE_TOP1 = 1200, 150, 8, 50.0
 BBOX = Metric('coco/bbox_mAP', 'bbox mAP', 'min_map', 0.002)
 TOP1 = Metric('accuracy/top1', 'top-1', 'min_top1', 0.2)
 TASKS = {
-    'retinanet': Task(osp.join(CONFIGS, 'retinanet_repa_swin_shapes.py'),
-                      _data('make_shapes_coco', 'demo_shapes'), (BBOX, )),
-    'mask-rcnn': Task(osp.join(CONFIGS, 'mask-rcnn_prepbn_swin_shapes.py'),
-                      _data('make_shapes_coco', 'demo_shapes'),
-                      (BBOX, Metric('coco/segm_mAP', 'mask mAP', 'min_mask_map', 0.002))),
-    'upernet': Task(osp.join(CONFIGS, 'upernet_repa_convformer_shapes.py'),
-                    _data('make_shapes_ade20k', 'demo_shapes_ade'),
-                    (Metric('mIoU', 'mIoU', 'min_miou', 0.2), )),
+    'retinanet': Task(
+        osp.join(CONFIGS, 'retinanet_repa_swin_shapes.py'),
+        _data('make_shapes_coco', 'demo_shapes'),
+        (BBOX,),
+    ),
+    'mask-rcnn': Task(
+        osp.join(CONFIGS, 'mask-rcnn_prepbn_swin_shapes.py'),
+        _data('make_shapes_coco', 'demo_shapes'),
+        (BBOX, Metric('coco/segm_mAP', 'mask mAP', 'min_mask_map', 0.002)),
+    ),
+    'upernet': Task(
+        osp.join(CONFIGS, 'upernet_repa_convformer_shapes.py'),
+        _data('make_shapes_ade20k', 'demo_shapes_ade'),
+        (Metric('mIoU', 'mIoU', 'min_miou', 0.2),),
+    ),
     'classification': Task(
         osp.join(CONFIGS, 'classifier_repa_caformer_shapes.py'),
-        _data('make_shapes_classification', 'demo_shapes_cls'), (TOP1, ),
-        smoke=Smoke(dict(num_train=SMOKE_TRAIN, num_val=SMOKE_VAL),
-                    tuple(f'{s}_dataloader.dataset.data_root' for s in ('train', 'val', 'test')),
-                    epochs=SMOKE_EPOCHS, bars=dict(min_top1=SMOKE_TOP1))),
-    'repopt': Task(osp.join(CONFIGS, 'repopt_vgg_shapes.py'),
-                   _data('make_shapes_classification', 'demo_shapes_cls'), (TOP1, ),
-                   prepare=hyper_search),
+        _data('make_shapes_classification', 'demo_shapes_cls'),
+        (TOP1,),
+        smoke=Smoke(
+            dict(num_train=SMOKE_TRAIN, num_val=SMOKE_VAL),
+            tuple(f'{s}_dataloader.dataset.data_root' for s in ('train', 'val', 'test')),
+            epochs=SMOKE_EPOCHS,
+            bars=dict(min_top1=SMOKE_TOP1),
+        ),
+    ),
+    'repopt': Task(
+        osp.join(CONFIGS, 'repopt_vgg_shapes.py'),
+        _data('make_shapes_classification', 'demo_shapes_cls'),
+        (TOP1,),
+        prepare=hyper_search,
+    ),
 }
 
 
 def backbone_name(config: str) -> str:
     """The backbone family of a config, as the README names it (RePa-Swin, PRepBN-Swin, ...)."""
     from mmengine.config import Config
+
     backbone = Config.fromfile(config).model.backbone
     kind = backbone.type.split('.')[-1]
     if kind in ('RePaSwin', 'PRepBNSwin'):
@@ -189,9 +231,13 @@ def train_options(epochs: Optional[int], seed: Optional[int]) -> List[str]:
     keys in every demo config) and another seed."""
     options = [f'randomness.seed={seed}'] if seed is not None else []
     if epochs:
-        options += [f'train_cfg.max_epochs={epochs}', f'train_cfg.val_interval={epochs}',
-                    f'param_scheduler.1.end={epochs}', f'param_scheduler.1.T_max={epochs}',
-                    f'default_hooks.checkpoint.interval={epochs}']
+        options += [
+            f'train_cfg.max_epochs={epochs}',
+            f'train_cfg.val_interval={epochs}',
+            f'param_scheduler.1.end={epochs}',
+            f'param_scheduler.1.T_max={epochs}',
+            f'default_hooks.checkpoint.interval={epochs}',
+        ]
     return options
 
 
@@ -214,17 +260,32 @@ def run_task(task: Task, config: str, step: Step, args) -> dict:
         options = []
     train = train_options(args.epochs, args.seed)
     options += task.prepare(step, step.work_dir, train) if task.prepare else []
-    step.run('train', osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir', step.work_dir,
-             *cfg_options(train + options))
+    step.run(
+        'train',
+        osp.join(ROOT, 'tools', 'train.py'),
+        config,
+        '--work-dir',
+        step.work_dir,
+        *cfg_options(train + options),
+    )
     ckpt = last_checkpoint(step.work_dir)
     results = {}
     # the folded model draws its predictions on the test images: the pictures the demo leaves
     pictures = ['--show-dir', osp.join(step.work_dir, 'pictures')]
     for name, flags in (('trained', []), ('folded', ['--reparam', *pictures])):
         out = osp.join(step.work_dir, f'metrics_{name}.json')
-        step.run(f'test {name}', osp.join(ROOT, 'tools', 'test.py'), config, ckpt,
-                 '--work-dir', step.work_dir, '--dump-metrics', out, *flags,
-                 *cfg_options(options))
+        step.run(
+            f'test {name}',
+            osp.join(ROOT, 'tools', 'test.py'),
+            config,
+            ckpt,
+            '--work-dir',
+            step.work_dir,
+            '--dump-metrics',
+            out,
+            *flags,
+            *cfg_options(options),
+        )
         with open(out) as f:
             results[name] = json.load(f)
     return results
@@ -236,12 +297,14 @@ def check(task: Task, results: dict, args) -> list:
     for m in task.metrics:
         before, after = results['trained'][m.key], results['folded'][m.key]
         if abs(before - after) > m.tolerance:
-            problems.append(f'folding changed the {m.name} by {after - before:+.3f} '
-                            f'(tolerance {m.tolerance})')
+            problems.append(
+                f'folding changed the {m.name} by {after - before:+.3f} (tolerance {m.tolerance})'
+            )
         bar = getattr(args, m.option)
         if before < bar:
-            problems.append(f'{m.name} {before:.3f} < {bar} (--{m.option.replace("_", "-")}): '
-                            'it did not learn')
+            problems.append(
+                f'{m.name} {before:.3f} < {bar} (--{m.option.replace("_", "-")}): it did not learn'
+            )
     return problems
 
 
@@ -251,6 +314,7 @@ def per_class(results: dict, test_log: str) -> List[str]:
     recall = results.get('single-label/recall_classwise')
     if recall is not None:
         from mmrepa.datasets import SHAPE_CLASSES
+
         return [f'recall of {c}: {r:.1f} %' for c, r in zip(SHAPE_CLASSES, recall)]
     table, tables = [], []
     with open(test_log, errors='replace') as f:
@@ -263,9 +327,11 @@ def per_class(results: dict, test_log: str) -> List[str]:
     return [line for t in tables + [table] for line in t]
 
 
-ADVICE = ('what to try: another seed (--seed 1), a longer schedule (--epochs, e.g. 1.5x the '
-          "config's max_epochs), or the task alone with --verbose to watch its loss; see "
-          'docs/troubleshooting.md, "The demo"')
+ADVICE = (
+    'what to try: another seed (--seed 1), a longer schedule (--epochs, e.g. 1.5x the '
+    "config's max_epochs), or the task alone with --verbose to watch its loss; see "
+    'docs/troubleshooting.md, "The demo"'
+)
 
 
 def print_table(rows: List[tuple]) -> None:
@@ -278,53 +344,90 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description=__doc__.strip().splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog='\n'.join(__doc__.strip().splitlines()[1:]))
-    parser.add_argument('--task', choices=[*TASKS, 'all'], default=None,
-                        help="default: all, or with --config the config's task")
-    parser.add_argument('--config', help="one task's config instead of its own (e.g. "
-                        'configs/demo/retinanet_repa_caformer_shapes.py for retinanet)')
-    parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs', 'demo'),
-                        help='each task writes to WORK_DIR/TASK')
-    parser.add_argument('--epochs', type=int, default=None,
-                        help="override every task's max_epochs")
-    parser.add_argument('--seed', type=int, default=None,
-                        help="override every config's randomness.seed (0)")
-    parser.add_argument('--smoke', action='store_true',
-                        help='a short check that the task still learns (make test runs it): '
-                        f'classification on {SMOKE_TRAIN} images for {SMOKE_EPOCHS} epochs, '
-                        f'top-1 bar {SMOKE_TOP1:g}')
-    parser.add_argument('--verbose', action='store_true',
-                        help="print the tools' output too (it always goes to the logs)")
+        epilog='\n'.join(__doc__.strip().splitlines()[1:]),
+    )
+    parser.add_argument(
+        '--task',
+        choices=[*TASKS, 'all'],
+        default=None,
+        help="default: all, or with --config the config's task",
+    )
+    parser.add_argument(
+        '--config',
+        help="one task's config instead of its own (e.g. "
+        'configs/demo/retinanet_repa_caformer_shapes.py for retinanet)',
+    )
+    parser.add_argument(
+        '--work-dir',
+        default=osp.join(ROOT, 'work_dirs', 'demo'),
+        help='each task writes to WORK_DIR/TASK',
+    )
+    parser.add_argument('--epochs', type=int, default=None, help="override every task's max_epochs")
+    parser.add_argument(
+        '--seed', type=int, default=None, help="override every config's randomness.seed (0)"
+    )
+    parser.add_argument(
+        '--smoke',
+        action='store_true',
+        help='a short check that the task still learns (make test runs it): '
+        f'classification on {SMOKE_TRAIN} images for {SMOKE_EPOCHS} epochs, '
+        f'top-1 bar {SMOKE_TOP1:g}',
+    )
+    parser.add_argument(
+        '--verbose',
+        action='store_true',
+        help="print the tools' output too (it always goes to the logs)",
+    )
     # the bars: what a model that learned nothing cannot reach (see docs/demo.md)
-    parser.add_argument('--min-map', type=float, default=0.3,
-                        help='bbox mAP bar of retinanet and mask-rcnn; a detector that has '
-                        'not learned scores ~0 (default: %(default)s)')
-    parser.add_argument('--min-mask-map', type=float, default=0.3,
-                        help='mask mAP bar of mask-rcnn (default: %(default)s)')
-    parser.add_argument('--min-miou', type=float, default=70.0,
-                        help='mIoU bar of upernet in %%; everything "background" scores 21, '
-                        'perfect masks with the shapes labelled at random 35-43 '
-                        '(default: %(default)s)')
-    parser.add_argument('--min-top1', type=float, default=90.0,
-                        help='top-1 bar of classification and repopt in %%; chance is 33.3, '
-                        'the largest class 35 (default: %(default)s)')
+    parser.add_argument(
+        '--min-map',
+        type=float,
+        default=0.3,
+        help='bbox mAP bar of retinanet and mask-rcnn; a detector that has '
+        'not learned scores ~0 (default: %(default)s)',
+    )
+    parser.add_argument(
+        '--min-mask-map',
+        type=float,
+        default=0.3,
+        help='mask mAP bar of mask-rcnn (default: %(default)s)',
+    )
+    parser.add_argument(
+        '--min-miou',
+        type=float,
+        default=70.0,
+        help='mIoU bar of upernet in %%; everything "background" scores 21, '
+        'perfect masks with the shapes labelled at random 35-43 '
+        '(default: %(default)s)',
+    )
+    parser.add_argument(
+        '--min-top1',
+        type=float,
+        default=90.0,
+        help='top-1 bar of classification and repopt in %%; chance is 33.3, '
+        'the largest class 35 (default: %(default)s)',
+    )
     args = parser.parse_args()
     if args.task is None:  # --config alone: the task whose config name starts the same
         prefix = osp.basename(args.config or '').split('_')[0]
-        args.task = next((name for name, t in TASKS.items()
-                          if osp.basename(t.config).split('_')[0] == prefix), None)
+        args.task = next(
+            (name for name, t in TASKS.items() if osp.basename(t.config).split('_')[0] == prefix),
+            None,
+        )
         if args.task is None and args.config:
             parser.error(f'which task is {args.config}? give --task')
         args.task = args.task or 'all'
     if args.config and args.task == 'all':
-        parser.error('--config replaces one task\'s config: give --task too')
+        parser.error("--config replaces one task's config: give --task too")
     if args.smoke:
         if args.task == 'all':
             args.task = next(name for name, t in TASKS.items() if t.smoke)
         smoke = TASKS[args.task].smoke
         if smoke is None:
-            parser.error(f'--smoke: the {args.task} task has no short form; '
-                         f'give --task {" or ".join(n for n, t in TASKS.items() if t.smoke)}')
+            parser.error(
+                f'--smoke: the {args.task} task has no short form; '
+                f'give --task {" or ".join(n for n, t in TASKS.items() if t.smoke)}'
+            )
         args.epochs = args.epochs or smoke.epochs
         for option, bar in smoke.bars.items():  # unless given on the command line
             if getattr(args, option) == parser.get_default(option):
@@ -337,6 +440,7 @@ def main():
     sys.path.insert(0, ROOT)
     from mmrepa.utils.files import write_json
     from mmrepa.utils.machine import finish, machine_info
+
     names = list(TASKS) if args.task == 'all' else [args.task]
     rows, failed, summary = [], [], []
     machine = machine_info()
@@ -359,32 +463,68 @@ def main():
         else:
             problems = check(task, results, args)
             if any('did not learn' in p for p in problems):
-                details = per_class(results['trained'], osp.join(step.work_dir,
-                                                                 'test_trained.log'))
+                details = per_class(results['trained'], osp.join(step.work_dir, 'test_trained.log'))
         minutes, cpu = (time.time() - start) / 60, cpu_minutes() - cpu_start
         for m in task.metrics:
             values = [results[k][m.key] for k in ('trained', 'folded')] if results else [None] * 2
-            rows.append((name, backbone, m.name, str(getattr(args, m.option)), *values,
-                         minutes, 'FAILED' if problems else 'ok'))
-            summary.append(dict(zip(('task', 'backbone', 'metric', 'bar', 'trained', 'folded',
-                                     'minutes', 'result'), rows[-1]), cpu_minutes=cpu))
+            rows.append(
+                (
+                    name,
+                    backbone,
+                    m.name,
+                    str(getattr(args, m.option)),
+                    *values,
+                    minutes,
+                    'FAILED' if problems else 'ok',
+                )
+            )
+            summary.append(
+                dict(
+                    zip(
+                        (
+                            'task',
+                            'backbone',
+                            'metric',
+                            'bar',
+                            'trained',
+                            'folded',
+                            'minutes',
+                            'result',
+                        ),
+                        rows[-1],
+                    ),
+                    cpu_minutes=cpu,
+                )
+            )
         status = 'ok' if not problems else 'FAILED: ' + problems[0].splitlines()[0]
         print(f'      {name}: {status} ({minutes:.1f} min)', flush=True)
         if problems:
             failed.append((name, problems, details))
 
     header = ('task', 'backbone', 'metric', 'bar', 'as trained', 'folded', 'minutes', 'result')
-    cells = [header] + [(t, b, m, bar, *('-' if v is None else f'{v:.3f}' for v in (x, y)),
-                         f'{mins:.1f}', res) for t, b, m, bar, x, y, mins, res in rows]
+    cells = [header] + [
+        (t, b, m, bar, *('-' if v is None else f'{v:.3f}' for v in (x, y)), f'{mins:.1f}', res)
+        for t, b, m, bar, x, y, mins, res in rows
+    ]
     total = (time.time() - begin) / 60
-    print(f'\n===== demo summary: {len(names) - len(failed)} of {len(names)} tasks passed, '
-          f'{total:.1f} min ({cpu_minutes():.1f} min of CPU time) =====')
+    print(
+        f'\n===== demo summary: {len(names) - len(failed)} of {len(names)} tasks passed, '
+        f'{total:.1f} min ({cpu_minutes():.1f} min of CPU time) ====='
+    )
     print_table(cells)
     # atomic: a killed demo leaves the old summary, never half a file
-    write_json(dict(tasks=summary, minutes=total, cpu_minutes=cpu_minutes(),
-                    seed=args.seed, epochs=args.epochs,
-                    smoke=args.smoke, machine=finish(machine)),
-               osp.join(args.work_dir, 'summary.json'))
+    write_json(
+        dict(
+            tasks=summary,
+            minutes=total,
+            cpu_minutes=cpu_minutes(),
+            seed=args.seed,
+            epochs=args.epochs,
+            smoke=args.smoke,
+            machine=finish(machine),
+        ),
+        osp.join(args.work_dir, 'summary.json'),
+    )
     if failed:
         print()
         for name, problems, details in failed:
@@ -393,8 +533,10 @@ def main():
                 print('  per class, as trained:\n    ' + '\n    '.join(details))
                 print('  ' + ADVICE)
         sys.exit(f'demo failed: {", ".join(n for n, _, _ in failed)} (see above)')
-    print(f'\ndemo ok: {", ".join(names)} learned (every metric clears its bar), and the '
-          'folded models score the same.')
+    print(
+        f'\ndemo ok: {", ".join(names)} learned (every metric clears its bar), and the '
+        'folded models score the same.'
+    )
 
 
 if __name__ == '__main__':

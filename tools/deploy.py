@@ -4,12 +4,12 @@
 
 The model is folded first (:func:`mmrepa.fold_model`); DIR/folded.pth holds the folded weights
 and DIR/model_cfg.py the config that builds them (``model.backbone.deploy=True``). mmdeploy's
-``torch2onnx`` exports that to DIR/end2end.onnx with the rewrites of :mod:`mmrepa.deploy`. Then
-ONNX Runtime (through mmdeploy's backend model, post-processing included) and the folded PyTorch
-model run on IMG (default: the first image of the config's test set) and the largest
-differences are reported (DIR/report.json): boxes (px) and scores, labels and mask IoU for
-mmdet models, differing pixels of the class map for mmseg ones. The tool fails if they exceed
-the tolerances.
+``torch2onnx`` exports that to DIR/end2end.onnx with the rewrites of
+:mod:`mmrepa.integrations.mmdeploy`. Then ONNX Runtime (through mmdeploy's backend model,
+post-processing included) and the folded PyTorch model run on IMG (default: the first image
+of the config's test set) and the largest differences are reported (DIR/report.json): boxes
+(px) and scores, labels and mask IoU for mmdet models, differing pixels of the class map for
+mmseg ones. The tool fails if they exceed the tolerances.
 
 DEPLOY_CFG: ``configs/deploy/detection_onnxruntime_static.py`` (RetinaNet, Faster R-CNN, ...),
 ``instance-seg_onnxruntime_static.py`` (Mask R-CNN, ...), ``segmentation_onnxruntime_static.py``
@@ -19,6 +19,7 @@ directory beside it and moved in place at the end (an existing DIR needs --force
 be an input (CONFIG, CHECKPOINT, DEPLOY_CFG, IMG, the test data) or hold one, even with
 --force: replacing it would delete them (a training work dir holds the checkpoint and its log).
 """
+
 import argparse
 import contextlib
 import copy
@@ -32,16 +33,18 @@ from mmengine.config import Config, DictAction
 import mmrepa
 from mmrepa.apis import build_model, init_model, load_config, one_line_errors
 from mmrepa.checkpoint import save_atomically
-from mmrepa.tool_inputs import config_inputs
+from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.optional import require
 from mmrepa.utils.files import atomic_folder, check_outputs, write_json
-from mmrepa.utils.optional import require
 
 TOOL = 'tools/deploy.py'
 # the (codebase, task) pairs this tool compares, and the deploy config for each kind of model
 TASKS = {('mmdet', 'ObjectDetection'), ('mmseg', 'Segmentation')}
-DEPLOY_CONFIGS = {'detection': 'configs/deploy/detection_onnxruntime_static.py',
-                  'instance-seg': 'configs/deploy/instance-seg_onnxruntime_static.py',
-                  'segmentation': 'configs/deploy/segmentation_onnxruntime_static.py'}
+DEPLOY_CONFIGS = {
+    'detection': 'configs/deploy/detection_onnxruntime_static.py',
+    'instance-seg': 'configs/deploy/instance-seg_onnxruntime_static.py',
+    'segmentation': 'configs/deploy/segmentation_onnxruntime_static.py',
+}
 
 
 class CannotExport(Exception):
@@ -56,13 +59,22 @@ def parse_args(argv=None):
     parser.add_argument('--out', required=True, help='output directory')
     parser.add_argument('--image', help="default: the first image of the config's test set")
     parser.add_argument('--force', action='store_true', help='replace an existing --out')
-    parser.add_argument('--atol', type=float, default=1e-3,
-                        help='largest box (px) and score difference allowed (default 1e-3)')
+    parser.add_argument(
+        '--atol',
+        type=float,
+        default=1e-3,
+        help='largest box (px) and score difference allowed (default 1e-3)',
+    )
     parser.add_argument('--min-mask-iou', type=float, default=0.99)
-    parser.add_argument('--max-pixel-diff', type=float, default=0.0,
-                        help='largest fraction of differing class-map pixels (default 0)')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override entries of CONFIG')
+    parser.add_argument(
+        '--max-pixel-diff',
+        type=float,
+        default=0.0,
+        help='largest fraction of differing class-map pixels (default 0)',
+    )
+    parser.add_argument(
+        '--cfg-options', nargs='+', action=DictAction, help='override entries of CONFIG'
+    )
     parser.add_argument('--verbose', action='store_true', help="show mmdeploy's log")
     return parser.parse_args(argv)
 
@@ -81,40 +93,53 @@ def check_exportable(cfg: Config, deploy_cfg: Config) -> None:
     """Raise :class:`CannotExport` naming why ``deploy_cfg`` cannot export ``cfg``'s model to
     ONNX Runtime here; return if it can."""
     from mmdeploy.utils import get_backend, get_codebase_config, is_dynamic_shape
+
     model = cfg.get('model') or {}
     name = model.get('type', '?')
     scope = model.get('_scope_') or cfg.get('default_scope') or '?'
     backend = get_backend(deploy_cfg).value
     if backend != 'onnxruntime':
-        raise CannotExport(f'its backend is {backend}; this tool exports for ONNX Runtime and '
-                           'runs it (mmdeploy\'s tools/deploy.py converts to other backends)')
+        raise CannotExport(
+            f'its backend is {backend}; this tool exports for ONNX Runtime and '
+            "runs it (mmdeploy's tools/deploy.py converts to other backends)"
+        )
     codebase = get_codebase_config(deploy_cfg)
     task = (codebase.get('type'), codebase.get('task'))
     if task not in TASKS:
-        raise CannotExport(f'it exports {task[0]} {task[1]} models; this tool checks mmdet '
-                           'ObjectDetection and mmseg Segmentation models')
+        raise CannotExport(
+            f'it exports {task[0]} {task[1]} models; this tool checks mmdet '
+            'ObjectDetection and mmseg Segmentation models'
+        )
     kind = _kind(cfg)
     if scope != task[0]:
-        hint = (f'; use {DEPLOY_CONFIGS[kind]}' if scope in ('mmdet', 'mmseg')
-                else ' (this tool exports mmdet detectors and mmseg segmentors)')
-        raise CannotExport(f'the model is {scope}\'s {name}, but the deploy config exports '
-                           f'{task[0]} {task[1]} models{hint}')
+        hint = (
+            f'; use {DEPLOY_CONFIGS[kind]}'
+            if scope in ('mmdet', 'mmseg')
+            else ' (this tool exports mmdet detectors and mmseg segmentors)'
+        )
+        raise CannotExport(
+            f"the model is {scope}'s {name}, but the deploy config exports "
+            f'{task[0]} {task[1]} models{hint}'
+        )
     outputs = list((deploy_cfg.get('onnx_config') or {}).get('output_names') or [])
     if task[0] == 'mmdet' and (kind == 'instance-seg') != ('masks' in outputs):
         raise CannotExport(
             f'the {name} {"predicts" if kind == "instance-seg" else "has no"} masks, but the '
-            f'deploy config\'s outputs are {outputs}; use {DEPLOY_CONFIGS[kind]}')
+            f"deploy config's outputs are {outputs}; use {DEPLOY_CONFIGS[kind]}"
+        )
     if is_dynamic_shape(deploy_cfg):
         raise CannotExport(
-            'it asks for dynamic input sizes (onnx_config.dynamic_axes); mmrepa\'s window '
+            "it asks for dynamic input sizes (onnx_config.dynamic_axes); mmrepa's window "
             'attention computes its window layout (padding, shift, partition) from the map size '
             'and the exported graph holds it as constants of the traced size, so the graph '
             'would be wrong at any other size. Use a static config (configs/deploy/*_static.py) '
-            'and export once per input size')
+            'and export once per input size'
+        )
 
 
 def _first_test_image(cfg: Config) -> str:
     from mmengine.registry import DATASETS, init_default_scope
+
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     dataset_cfg = copy.deepcopy(cfg.test_dataloader.dataset)
     dataset_cfg['pipeline'] = []
@@ -130,6 +155,7 @@ def _quiet(verbose: bool):
     deprecations) and Python warnings (mmdet's deprecations, the exporter's notes) off. The
     check against PyTorch is what tells whether the export is right."""
     from mmengine.logging import MMLogger
+
     if verbose:
         yield
         return
@@ -163,12 +189,15 @@ def fold_and_save(cfg: Config, checkpoint: str, work_dir: str):
     try:
         build_model(folded_cfg).load_state_dict(model.state_dict(), strict=True)
     except (RuntimeError, TypeError, ValueError) as err:
-        raise CannotExport('the folded model does not rebuild from its config with '
-                           f'model.backbone.deploy=True ({_first_line(err)})') from None
+        raise CannotExport(
+            'the folded model does not rebuild from its config with '
+            f'model.backbone.deploy=True ({_first_line(err)})'
+        ) from None
     weights = osp.join(work_dir, 'folded.pth')
-    meta = dict(dataset_meta=getattr(model, 'dataset_meta', None),
-                mmrepa=dict(deploy=True, version=mmrepa.__version__,
-                            source=osp.abspath(checkpoint)))
+    meta = dict(
+        dataset_meta=getattr(model, 'dataset_meta', None),
+        mmrepa=dict(deploy=True, version=mmrepa.__version__, source=osp.abspath(checkpoint)),
+    )
     save_atomically(dict(meta=meta, state_dict=model.state_dict()), weights)
     folded_cfg.dump(osp.join(work_dir, 'model_cfg.py'))
     return model, folded_cfg, weights, report
@@ -203,8 +232,9 @@ def compare(ref, out) -> dict:
         if a.shape != b.shape:
             return dict(shape_pytorch=list(a.shape), shape_onnxruntime=list(b.shape))
         differing = int((a != b).sum())
-        return dict(pixels=a.numel(), differing_pixels=differing,
-                    differing_fraction=differing / a.numel())
+        return dict(
+            pixels=a.numel(), differing_pixels=differing, differing_fraction=differing / a.numel()
+        )
     a, b = ref.pred_instances, out.pred_instances
     result = dict(num_pytorch=len(a), num_onnxruntime=len(b))
     if len(a) != len(b) or not len(a):
@@ -216,7 +246,8 @@ def compare(ref, out) -> dict:
     i, j = (torch.tensor(x) for x in zip(*pairs))
     result.update(
         max_box_diff=float((a.bboxes[i] - b.bboxes[j].to(a.bboxes)).abs().max()),
-        max_score_diff=float((a.scores[i] - b.scores[j].to(a.scores)).abs().max()))
+        max_score_diff=float((a.scores[i] - b.scores[j].to(a.scores)).abs().max()),
+    )
     if 'masks' in a and 'masks' in b:
         ma, mb = a.masks[i].bool().flatten(1), b.masks[j].bool().flatten(1)
         inter, union = (ma & mb).sum(1).float(), (ma | mb).sum(1).float()
@@ -231,12 +262,16 @@ def disagreement(result: dict, args) -> str:
         return f'class maps of different shapes {result}'
     if 'differing_fraction' in result:
         if result['differing_fraction'] > args.max_pixel_diff:
-            return (f'{result["differing_pixels"]} of {result["pixels"]} class-map pixels '
-                    f'differ (> {args.max_pixel_diff:g})')
+            return (
+                f'{result["differing_pixels"]} of {result["pixels"]} class-map pixels '
+                f'differ (> {args.max_pixel_diff:g})'
+            )
         return ''
     if result['num_pytorch'] != result['num_onnxruntime']:
-        return (f'PyTorch predicts {result["num_pytorch"]} instances, ONNX Runtime '
-                f'{result["num_onnxruntime"]}')
+        return (
+            f'PyTorch predicts {result["num_pytorch"]} instances, ONNX Runtime '
+            f'{result["num_onnxruntime"]}'
+        )
     problems = []
     if result.get('max_box_diff', 0) > args.atol:
         problems.append(f'boxes differ by {result["max_box_diff"]:.2e} px > {args.atol:g}')
@@ -257,11 +292,11 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
     model, folded_cfg, weights, fold = fold_and_save(cfg, args.checkpoint, work_dir)
     onnx_file = osp.join(work_dir, 'end2end.onnx')
     try:
-        torch2onnx(image, work_dir, 'end2end.onnx', deploy_cfg, folded_cfg, weights,
-                   device='cpu')
+        torch2onnx(image, work_dir, 'end2end.onnx', deploy_cfg, folded_cfg, weights, device='cpu')
     except Exception as err:  # mmdeploy, its rewrites and torch.onnx raise anything
-        raise CannotExport(f'mmdeploy could not export the folded {cfg.model.type} '
-                           f'({_first_line(err)})') from None
+        raise CannotExport(
+            f'mmdeploy could not export the folded {cfg.model.type} ({_first_line(err)})'
+        ) from None
     if not osp.isfile(onnx_file):
         raise CannotExport(f'mmdeploy wrote no {osp.basename(onnx_file)}')
     processor = build_task_processor(folded_cfg, deploy_cfg, 'cpu')
@@ -271,11 +306,17 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
         ref = model.test_step(copy.deepcopy(inputs))[0]
         out = backend.test_step(copy.deepcopy(inputs))[0]
     result = compare(ref, out)
-    report = dict(config=osp.abspath(args.config), checkpoint=osp.abspath(args.checkpoint),
-                  deploy_cfg=osp.abspath(args.deploy_cfg), image=osp.abspath(image),
-                  input_shape=list(inputs['inputs'][0].shape[-2:]),
-                  folded=fold.folded, params_before=fold.params_before,
-                  params_after=fold.params_after, onnxruntime_vs_pytorch=result)
+    report = dict(
+        config=osp.abspath(args.config),
+        checkpoint=osp.abspath(args.checkpoint),
+        deploy_cfg=osp.abspath(args.deploy_cfg),
+        image=osp.abspath(image),
+        input_shape=list(inputs['inputs'][0].shape[-2:]),
+        folded=fold.folded,
+        params_before=fold.params_before,
+        params_after=fold.params_after,
+        onnxruntime_vs_pytorch=result,
+    )
     deploy_cfg.dump(osp.join(work_dir, 'deploy_cfg.py'))
     write_json(report, osp.join(work_dir, 'report.json'))
     return report
@@ -289,14 +330,22 @@ def main(argv=None) -> dict:
         if path is not None and not osp.isfile(path):
             raise FileNotFoundError(f'no such file: {path}')
     outputs = [('--out', args.out, True)]
-    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint),
-                                  ('deploy config', args.deploy_cfg), ('image', args.image)],
-                  args.force)
+    check_outputs(
+        TOOL,
+        outputs,
+        [
+            ('config', args.config),
+            ('checkpoint', args.checkpoint),
+            ('deploy config', args.deploy_cfg),
+            ('image', args.image),
+        ],
+        args.force,
+    )
     require('mmdeploy', 'aenum', 'onnx', 'onnxruntime', tool=TOOL)
-    import mmrepa.deploy  # noqa: F401  (mmrepa's rewrites for mmdeploy)
+    import mmrepa.integrations.mmdeploy  # noqa: F401  (mmrepa's rewrites for mmdeploy)
+
     cfg = load_config(args.config, args.cfg_options)
-    check_outputs(TOOL, outputs, config_inputs(cfg, () if args.image else ('test', )),
-                  args.force)
+    check_outputs(TOOL, outputs, config_inputs(cfg, () if args.image else ('test',)), args.force)
     deploy_cfg = Config.fromfile(args.deploy_cfg)
     try:  # DIR whole or not at all: a temporary folder beside it, moved in place at the end
         with atomic_folder(args.out, replace=True) as tmp:
@@ -306,17 +355,29 @@ def main(argv=None) -> dict:
                 report = export_and_compare(args, cfg, deploy_cfg, image, tmp)
             problem = disagreement(report['onnxruntime_vs_pytorch'], args)
             if problem:
-                raise SystemExit(f'{TOOL}: the exported model disagrees with PyTorch on '
-                                 f'{image}: {problem}; nothing written to {args.out}')
+                raise SystemExit(
+                    f'{TOOL}: the exported model disagrees with PyTorch on '
+                    f'{image}: {problem}; nothing written to {args.out}'
+                )
     except CannotExport as err:
-        raise SystemExit(f'{TOOL}: cannot export {args.config} with {args.deploy_cfg}: '
-                         f'{err}; nothing written to {args.out}') from None
+        raise SystemExit(
+            f'{TOOL}: cannot export {args.config} with {args.deploy_cfg}: '
+            f'{err}; nothing written to {args.out}'
+        ) from None
     result = report['onnxruntime_vs_pytorch']
-    print(f'exported the folded {cfg.model.type} ({report["params_after"] / 1e6:.2f} M '
-          f'parameters) to {osp.join(args.out, "end2end.onnx")}, traced at '
-          f'{report["input_shape"][0]} x {report["input_shape"][1]}')
-    print('onnxruntime vs PyTorch on ' + osp.basename(report['image']) + ': ' + ', '.join(
-        f'{k} {v:.2e}' if isinstance(v, float) else f'{k} {v}' for k, v in result.items()))
+    print(
+        f'exported the folded {cfg.model.type} ({report["params_after"] / 1e6:.2f} M '
+        f'parameters) to {osp.join(args.out, "end2end.onnx")}, traced at '
+        f'{report["input_shape"][0]} x {report["input_shape"][1]}'
+    )
+    print(
+        'onnxruntime vs PyTorch on '
+        + osp.basename(report['image'])
+        + ': '
+        + ', '.join(
+            f'{k} {v:.2e}' if isinstance(v, float) else f'{k} {v}' for k, v in result.items()
+        )
+    )
     return report
 
 

@@ -13,6 +13,7 @@ The ONNX file may not be an input (the config, the checkpoint, a file the config
 link to one; it is written atomically: a failed export leaves no file, an existing one is
 replaced in one step.
 """
+
 import argparse
 import os.path as osp
 import sys
@@ -22,11 +23,15 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import init_model, load_config, one_line_errors
-from mmrepa.tool_inputs import config_inputs
+from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.onnx import (
+    TensorForward,
+    export_onnx,
+    onnx_max_abs_error,
+    onnxruntime_session,
+)
+from mmrepa.integrations.optional import require
 from mmrepa.utils.files import atomic_output, check_outputs
-from mmrepa.utils.onnx import (TensorForward, export_onnx, onnx_max_abs_error,
-                               onnxruntime_session)
-from mmrepa.utils.optional import require
 
 TOOL = 'tools/export_onnx.py'
 
@@ -37,8 +42,11 @@ def parse_args(argv=None):
     parser.add_argument('checkpoint', nargs='?')
     parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), required=True)
     parser.add_argument('--out', help='ONNX file (default: <config name>_backbone.onnx)')
-    parser.add_argument('--full', action='store_true',
-                        help="export the model's tensor forward instead of the backbone")
+    parser.add_argument(
+        '--full',
+        action='store_true',
+        help="export the model's tensor forward instead of the backbone",
+    )
     parser.add_argument('--opset', type=int, default=17)
     parser.add_argument('--atol', type=float, default=1e-4)
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
@@ -50,7 +58,7 @@ def main(argv=None) -> float:
     """Returns the max abs difference between onnxruntime and PyTorch."""
     args = parse_args(argv)
     name = osp.splitext(osp.basename(args.config))[0]
-    out = args.out or f"{name}_{'full' if args.full else 'backbone'}.onnx"
+    out = args.out or f'{name}_{"full" if args.full else "backbone"}.onnx'
     outputs = [('--out', out)]
     check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
     require('onnx', 'onnxruntime', tool=TOOL)
@@ -66,13 +74,17 @@ def main(argv=None) -> float:
             if not args.full:
                 raise
             reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
-            sys.exit(f"{type(model).__name__}'s tensor forward does not export with "
-                     f'torch.onnx ({type(e).__name__}: {reason[:200]}). Export the backbone '
-                     '(drop --full), or the whole model with mmdeploy, whose rewrites handle '
-                     'these heads.')
+            sys.exit(
+                f"{type(model).__name__}'s tensor forward does not export with "
+                f'torch.onnx ({type(e).__name__}: {reason[:200]}). Export the backbone '
+                '(drop --full), or the whole model with mmdeploy, whose rewrites handle '
+                'these heads.'
+            )
         err = onnx_max_abs_error(module, x, onnxruntime_session(tmp))
-    print(f'exported the folded {"model" if args.full else "backbone"} to {out}; onnxruntime '
-          f'vs PyTorch max abs difference {err:.2e}')
+    print(
+        f'exported the folded {"model" if args.full else "backbone"} to {out}; onnxruntime '
+        f'vs PyTorch max abs difference {err:.2e}'
+    )
     if not err <= args.atol:
         sys.exit(f'onnxruntime disagrees with PyTorch by {err:.2e} > {args.atol:g}')
     return err

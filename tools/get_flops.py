@@ -10,6 +10,7 @@ fold once joined: its structure does not depend on λ.
 ``--json`` also writes the exact counts (what ``tools/misc/gen_metafiles.py`` reads), atomically;
 it may not be an input (the config, the checkpoint) or a link to one.
 """
+
 import argparse
 import copy
 import os.path as osp
@@ -18,10 +19,15 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import (default_input_shape, init_model, load_config, one_line_errors,
-                         pipeline_batch)
+from mmrepa.apis import (
+    default_input_shape,
+    init_model,
+    load_config,
+    one_line_errors,
+    pipeline_batch,
+)
 from mmrepa.engine.hooks import join_modules
-from mmrepa.tool_inputs import config_inputs
+from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.utils import complexity, model_complexity
 from mmrepa.utils.files import check_outputs, write_json
 
@@ -31,16 +37,29 @@ TOOL = 'tools/get_flops.py'
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('config')
-    parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), default=None,
-                        help='input size (default: 800 1333 for detection, 512 512 for '
-                        'segmentation, 224 224 for classification)')
+    parser.add_argument(
+        '--shape',
+        nargs=2,
+        type=int,
+        metavar=('H', 'W'),
+        default=None,
+        help='input size (default: 800 1333 for detection, 512 512 for '
+        'segmentation, 224 224 for classification)',
+    )
     parser.add_argument('--checkpoint')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    parser.add_argument('--json', metavar='OUT.json',
-                        help='also write the counts (parameters, MACs) to this JSON file')
-    parser.add_argument('--seed', type=int, default=0,
-                        help='seed of the random weights and input (a two-stage detector\'s '
-                        'proposals, and so its MACs, depend on the weights)')
+    parser.add_argument(
+        '--json',
+        metavar='OUT.json',
+        help='also write the counts (parameters, MACs) to this JSON file',
+    )
+    parser.add_argument(
+        '--seed',
+        type=int,
+        default=0,
+        help="seed of the random weights and input (a two-stage detector's "
+        'proposals, and so its MACs, depend on the weights)',
+    )
     return parser.parse_args(argv)
 
 
@@ -49,8 +68,12 @@ def to_json(config: str, shape, input_shape, rows: dict) -> dict:
     parameters and MACs before and after folding (exact integers)."""
     out = dict(config=config, shape=list(shape), input_shape=list(input_shape))
     for scope, (before, after) in rows.items():
-        out[scope] = dict(params_before=int(before['params']), params_after=int(after['params']),
-                          macs_before=int(before['macs']), macs_after=int(after['macs']))
+        out[scope] = dict(
+            params_before=int(before['params']),
+            params_after=int(after['params']),
+            macs_before=int(before['macs']),
+            macs_after=int(after['macs']),
+        )
     return out
 
 
@@ -68,26 +91,34 @@ def main(argv=None):
     folded = copy.deepcopy(model)
     unjoined = [name for name, m in join_modules(folded) if m.current_join_lambda < 1.0]
     if unjoined:  # the structure does not depend on λ; only a joined model folds exactly
-        print(f'{len(unjoined)} module(s) with joined branches are at λ < 1 (first: '
-              f'{unjoined[0]}): counting the network they fold into once joined (λ = 1)')
+        print(
+            f'{len(unjoined)} module(s) with joined branches are at λ < 1 (first: '
+            f'{unjoined[0]}): counting the network they fold into once joined (λ = 1)'
+        )
         for _, module in join_modules(folded):
             module.set_join_lambda(1.0)
     folded = mmrepa.reparameterize(folded)
     with torch.no_grad():
         data = model.data_preprocessor(pipeline_batch(model.cfg, shape), False)
         x = torch.randn(1, 3, *shape)
-        rows = dict(model=[model_complexity(m, data) for m in (model, folded)],
-                    backbone=[complexity(m.backbone, (x, )) for m in (model, folded)])
-    print(f"{args.config}: backbone on 1x3x{shape[0]}x{shape[1]}; model on a {shape[0]}x"
-          f"{shape[1]} image through the test pipeline, input {tuple(data['inputs'].shape)}")
-    print(f"{'':<10}{'params M before':>16}{'after':>9}{'GMACs before':>14}{'after':>9}"
-          f"{'ratio':>8}")
+        rows = dict(
+            model=[model_complexity(m, data) for m in (model, folded)],
+            backbone=[complexity(m.backbone, (x,)) for m in (model, folded)],
+        )
+    print(
+        f'{args.config}: backbone on 1x3x{shape[0]}x{shape[1]}; model on a {shape[0]}x'
+        f'{shape[1]} image through the test pipeline, input {tuple(data["inputs"].shape)}'
+    )
+    print(
+        f'{"":<10}{"params M before":>16}{"after":>9}{"GMACs before":>14}{"after":>9}{"ratio":>8}'
+    )
     for scope, (b, a) in rows.items():
-        print(f"{scope:<10}{b['params'] / 1e6:>16.2f}{a['params'] / 1e6:>9.2f}"
-              f"{b['macs'] / 1e9:>14.2f}{a['macs'] / 1e9:>9.2f}{b['macs'] / a['macs']:>8.3f}")
+        print(
+            f'{scope:<10}{b["params"] / 1e6:>16.2f}{a["params"] / 1e6:>9.2f}'
+            f'{b["macs"] / 1e9:>14.2f}{a["macs"] / 1e9:>9.2f}{b["macs"] / a["macs"]:>8.3f}'
+        )
     if args.json:
-        write_json(to_json(osp.normpath(args.config), shape, data['inputs'].shape, rows),
-                   args.json)
+        write_json(to_json(osp.normpath(args.config), shape, data['inputs'].shape, rows), args.json)
     return rows
 
 

@@ -19,6 +19,7 @@ OUT_DIR the image folder or a folder holding an input: checked before the model 
 picture is written atomically; OUT_DIR's pictures go to a temporary folder beside it, moved into
 OUT_DIR at the end (its other files are kept), so a failed or killed run leaves none half drawn.
 """
+
 import argparse
 import contextlib
 import os
@@ -26,7 +27,6 @@ import os.path as osp
 import sys
 
 from mmengine.config import DictAction  # light; torch, mmdet and mmseg load after the checks
-
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
@@ -47,17 +47,26 @@ def image_tool_parser(description: str, folders: bool = False) -> argparse.Argum
         parser.add_argument('image', help='image file')
         parser.add_argument('--out-file', required=True, help='where to write the picture (PNG)')
     parser.add_argument('--device', default='cpu', help='e.g. cpu, cuda:0')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, e.g. model.test_cfg.score_thr=0.1')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config entries, e.g. model.test_cfg.score_thr=0.1',
+    )
     return parser
 
 
 def missing_inputs(tool: str, args, folders: bool = False) -> list:
     """One line per input file that does not exist (``folders``: the image may be a folder)."""
-    return [f'{tool}: {what} not found: {path}'
-            for what, path in (('config', args.config), ('checkpoint', args.checkpoint),
-                               ('image', args.image))
-            if not (osp.isfile(path) or folders and what == 'image' and osp.isdir(path))]
+    return [
+        f'{tool}: {what} not found: {path}'
+        for what, path in (
+            ('config', args.config),
+            ('checkpoint', args.checkpoint),
+            ('image', args.image),
+        )
+        if not (osp.isfile(path) or folders and what == 'image' and osp.isdir(path))
+    ]
 
 
 def image_files(args) -> list:
@@ -69,22 +78,34 @@ def image_files(args) -> list:
     elif args.out_file:
         sys.exit(f'image_demo.py: {args.image} is a folder: write its pictures with --out-dir')
     else:
-        images = sorted(osp.join(args.image, f) for f in os.listdir(args.image)
-                        if f.lower().endswith(IMAGE_EXTENSIONS)
-                        and osp.isfile(osp.join(args.image, f)))
+        images = sorted(
+            osp.join(args.image, f)
+            for f in os.listdir(args.image)
+            if f.lower().endswith(IMAGE_EXTENSIONS) and osp.isfile(osp.join(args.image, f))
+        )
         if not images:
             sys.exit(f'image_demo.py: no image ({", ".join(IMAGE_EXTENSIONS)}) in {args.image}')
     stems = [osp.splitext(osp.basename(i))[0] for i in images]
-    return [(image, osp.join(args.out_dir, (stem if stems.count(stem) == 1
-                                             else osp.basename(image)) + '.png'))
-            for image, stem in zip(images, stems)]
+    return [
+        (
+            image,
+            osp.join(
+                args.out_dir, (stem if stems.count(stem) == 1 else osp.basename(image)) + '.png'
+            ),
+        )
+        for image, stem in zip(images, stems)
+    ]
 
 
 def parse_args(argv=None):
     parser = image_tool_parser(__doc__.strip().splitlines()[0], folders=True)
     parser.add_argument('--reparam', action='store_true', help='fold the model first')
-    parser.add_argument('--score-thr', type=float, default=0.3,
-                        help='detections: draw and print those scoring above this')
+    parser.add_argument(
+        '--score-thr',
+        type=float,
+        default=0.3,
+        help='detections: draw and print those scoring above this',
+    )
     return parser.parse_args(argv)
 
 
@@ -98,8 +119,10 @@ def print_detections(result, classes, score_thr: float) -> None:
         label = int(pred.labels[i])
         name = classes[label] if label < len(classes) else f'class_{label}'
         x0, y0, x1, y1 = (float(v) for v in pred.bboxes[i])
-        line = (f'{name:<16} score {float(pred.scores[i]):.3f}  box '
-                f'{x0:7.1f} {y0:7.1f} {x1:7.1f} {y1:7.1f}')
+        line = (
+            f'{name:<16} score {float(pred.scores[i]):.3f}  box '
+            f'{x0:7.1f} {y0:7.1f} {x1:7.1f} {y1:7.1f}'
+        )
         if masks is not None:
             line += f'  mask {int(masks[i].sum())} px'
         print(line)
@@ -108,6 +131,7 @@ def print_detections(result, classes, score_thr: float) -> None:
 def print_class_areas(result, classes, top: int = 20) -> None:
     """The predicted classes by area, largest first (the ``top`` largest, then the rest)."""
     import torch
+
     seg = result.pred_sem_seg.data.flatten().long()
     counts = torch.bincount(seg, minlength=len(classes))
     order = [int(i) for i in counts.argsort(descending=True) if counts[i] > 0]
@@ -127,6 +151,7 @@ def main(argv=None):
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
     from mmrepa.apis import one_line_errors
+
     # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
     with one_line_errors('tools/image_demo.py'):
         return run(args)
@@ -135,28 +160,39 @@ def main(argv=None):
 def run(args):
     images = image_files(args)
     from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs
-    check_outputs('tools/image_demo.py', [('--out-file', args.out_file),
-                                          ('--out-dir', args.out_dir, True)],
-                  [('config', args.config), ('checkpoint', args.checkpoint),
-                   ('image' if osp.isfile(args.image) else 'image folder', args.image),
-                   *(('image', image) for image, _ in images)])
+
+    check_outputs(
+        'tools/image_demo.py',
+        [('--out-file', args.out_file), ('--out-dir', args.out_dir, True)],
+        [
+            ('config', args.config),
+            ('checkpoint', args.checkpoint),
+            ('image' if osp.isfile(args.image) else 'image folder', args.image),
+            *(('image', image) for image, _ in images),
+        ],
+    )
 
     from mmrepa.apis import init_model, one_line_errors
 
     with one_line_errors('tools/image_demo.py'):
-        model = init_model(args.config, args.checkpoint, args.device, args.cfg_options,
-                           reparam=args.reparam)
+        model = init_model(
+            args.config, args.checkpoint, args.device, args.cfg_options, reparam=args.reparam
+        )
     scope = model.cfg.get('default_scope')
     if scope not in ('mmdet', 'mmseg'):
-        sys.exit(f'{args.config}: default_scope is {scope!r}; image_demo.py draws mmdet and '
-                 'mmseg models only')
+        sys.exit(
+            f'{args.config}: default_scope is {scope!r}; image_demo.py draws mmdet and '
+            'mmseg models only'
+        )
     meta = model.dataset_meta
     if scope == 'mmdet':
         from mmdet.visualization import DetLocalVisualizer
+
         visualizer = DetLocalVisualizer(name='image_demo')
         visualizer.dataset_meta = meta
     else:
         from mmseg.visualization import SegLocalVisualizer
+
         visualizer = SegLocalVisualizer(name='image_demo', alpha=0.5)
         visualizer.dataset_meta = dict(classes=meta['classes'], palette=meta['palette'])
     with contextlib.ExitStack() as stack:
@@ -164,8 +200,9 @@ def run(args):
         for path, out_file in images:
             if len(images) > 1:
                 print(f'{path}:')
-            with atomic_output(osp.join(folder, osp.basename(out_file)) if folder
-                               else out_file) as tmp:
+            with atomic_output(
+                osp.join(folder, osp.basename(out_file)) if folder else out_file
+            ) as tmp:
                 draw_predictions(model, visualizer, path, tmp, args.score_thr)
             print(f'wrote {out_file} ({"folded" if args.reparam else "as trained"} model)')
 
@@ -173,21 +210,26 @@ def run(args):
 def draw_predictions(model, visualizer, path: str, out_file: str, score_thr: float) -> None:
     """Run the model on the image at ``path``, print what it predicts, draw it to
     ``out_file``."""
-    from mmrepa.tool_inputs import read_image
+    from mmrepa.integrations.cli.inputs import read_image
+
     image = read_image('tools/image_demo.py', path)  # not an image: one line, no cv2 traceback
     classes = model.dataset_meta['classes']
     if model.cfg.get('default_scope') == 'mmdet':
         from mmdet.apis import inference_detector
+
         result = inference_detector(model, path)
         print_detections(result, classes, score_thr)
-        visualizer.add_datasample('image', image, result, draw_gt=False,
-                                  pred_score_thr=score_thr, out_file=out_file)
+        visualizer.add_datasample(
+            'image', image, result, draw_gt=False, pred_score_thr=score_thr, out_file=out_file
+        )
     else:
         from mmseg.apis import inference_model
+
         result = inference_model(model, path)
         print_class_areas(result, classes)
-        visualizer.add_datasample('image', image, result, draw_gt=False, with_labels=True,
-                                  out_file=out_file)
+        visualizer.add_datasample(
+            'image', image, result, draw_gt=False, with_labels=True, out_file=out_file
+        )
 
 
 if __name__ == '__main__':

@@ -30,6 +30,7 @@ or a pipeline giving several sizes) is refused before anything is written; the I
 checkpoint, the calibration and test data) or a link to one, even with --force; this is checked
 first.
 """
+
 import argparse
 import contextlib
 import copy
@@ -45,17 +46,31 @@ import mmrepa
 from mmrepa.apis import init_model, load_config, one_line_errors
 from mmrepa.errors import ConfigError
 from mmrepa.fold.protocol import is_foldable
-from mmrepa.tool_inputs import check_inputs, config_inputs
+from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
+from mmrepa.integrations.onnx import (
+    TensorForward,
+    export_onnx,
+    flatten_outputs,
+    onnx_max_abs_error,
+    onnxruntime_session,
+)
+from mmrepa.integrations.optional import require
+from mmrepa.integrations.quantize import (
+    CALIBRATION_METHODS,
+    CalibrationMismatch,
+    check_inputs_shape,
+    fold_identity_apart,
+    fold_range_report,
+    needs_reduce_range,
+    pipeline_inputs,
+    qdq_summary,
+    quantize_qdq,
+    sqnr_db,
+    weighted_layers,
+)
 from mmrepa.utils.files import check_outputs, write_json
 from mmrepa.utils.latency import time_interleaved
 from mmrepa.utils.machine import finish, machine_info
-from mmrepa.utils.onnx import (TensorForward, export_onnx, flatten_outputs, onnx_max_abs_error,
-                               onnxruntime_session)
-from mmrepa.utils.optional import require
-from mmrepa.utils.quantize import (CALIBRATION_METHODS, CalibrationMismatch,
-                                   check_inputs_shape, fold_identity_apart, fold_range_report,
-                                   needs_reduce_range, pipeline_inputs, qdq_summary,
-                                   quantize_qdq, sqnr_db, weighted_layers)
 
 TOOL = 'tools/quantize.py'
 FORMS = ('unfolded', 'folded', 'identity-apart')
@@ -67,7 +82,8 @@ def run_session(session, x: torch.Tensor, what: str):
     if tuple(x.shape) != expected:
         raise CalibrationMismatch(
             f'{what} has shape {tuple(x.shape)} after the test pipeline but the graph was '
-            f'exported for {expected}: the test pipeline must give one shape')
+            f'exported for {expected}: the test pipeline must give one shape'
+        )
     return [torch.from_numpy(o) for o in session.run(None, {'input': x.float().numpy()})]
 
 
@@ -86,34 +102,74 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('config')
     parser.add_argument('checkpoint')
-    parser.add_argument('--full', action='store_true',
-                        help="quantize a single-stage detector's tensor forward, not the backbone")
-    parser.add_argument('--form', choices=FORMS, default='identity-apart',
-                        help='identity-apart: folded with identity shortcuts kept out of the '
-                        'weights; folded: mmrepa.reparameterize; unfolded: as trained')
-    parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'),
-                        help="input shape to export for (default: the test pipeline's)")
+    parser.add_argument(
+        '--full',
+        action='store_true',
+        help="quantize a single-stage detector's tensor forward, not the backbone",
+    )
+    parser.add_argument(
+        '--form',
+        choices=FORMS,
+        default='identity-apart',
+        help='identity-apart: folded with identity shortcuts kept out of the '
+        'weights; folded: mmrepa.reparameterize; unfolded: as trained',
+    )
+    parser.add_argument(
+        '--shape',
+        nargs=2,
+        type=int,
+        metavar=('H', 'W'),
+        help="input shape to export for (default: the test pipeline's)",
+    )
     parser.add_argument('--calib-images', type=int, default=64, metavar='N')
-    parser.add_argument('--calib-split', choices=('train', 'test'), default='train',
-                        help='images to calibrate on, read through the test pipeline')
-    parser.add_argument('--method', choices=CALIBRATION_METHODS, default='minmax',
-                        help='calibration method (activation ranges)')
+    parser.add_argument(
+        '--calib-split',
+        choices=('train', 'test'),
+        default='train',
+        help='images to calibrate on, read through the test pipeline',
+    )
+    parser.add_argument(
+        '--method',
+        choices=CALIBRATION_METHODS,
+        default='minmax',
+        help='calibration method (activation ranges)',
+    )
     parser.add_argument('--activation-type', choices=('uint8', 'int8'), default='uint8')
-    parser.add_argument('--per-tensor', action='store_true',
-                        help='one weight scale per tensor (default: per output channel)')
-    parser.add_argument('--reduce-range', choices=('auto', 'on', 'off'), default='auto',
-                        help="7-bit weights; auto: on x86 CPUs without VNNI, where "
-                        "onnxruntime's U8S8 kernels saturate with 8-bit weights")
+    parser.add_argument(
+        '--per-tensor',
+        action='store_true',
+        help='one weight scale per tensor (default: per output channel)',
+    )
+    parser.add_argument(
+        '--reduce-range',
+        choices=('auto', 'on', 'off'),
+        default='auto',
+        help='7-bit weights; auto: on x86 CPUs without VNNI, where '
+        "onnxruntime's U8S8 kernels saturate with 8-bit weights",
+    )
     parser.add_argument('--symmetric-activations', action='store_true')
-    parser.add_argument('--exclude-ops', nargs='+', default=[], metavar='OP',
-                        help='ONNX op types left in float (e.g. Softmax Add)')
-    parser.add_argument('--sqnr-images', type=int, default=16, metavar='N',
-                        help='test images the SQNR is measured on')
+    parser.add_argument(
+        '--exclude-ops',
+        nargs='+',
+        default=[],
+        metavar='OP',
+        help='ONNX op types left in float (e.g. Softmax Add)',
+    )
+    parser.add_argument(
+        '--sqnr-images',
+        type=int,
+        default=16,
+        metavar='N',
+        help='test images the SQNR is measured on',
+    )
     parser.add_argument('--no-metric', action='store_true', help='skip the test-set metric')
     parser.add_argument('--repeat', type=int, default=100, help='timed rounds (0: no timing)')
     parser.add_argument('--warmup', type=int, default=10)
-    parser.add_argument('--report', action='store_true',
-                        help='every form\'s SQNR; weight and activation ranges per module')
+    parser.add_argument(
+        '--report',
+        action='store_true',
+        help="every form's SQNR; weight and activation ranges per module",
+    )
     parser.add_argument('--out', help='INT8 ONNX file (default: <config>_<part>_<form>_int8.onnx)')
     parser.add_argument('--force', action='store_true', help='replace --out if it exists')
     parser.add_argument('--dump', metavar='FILE.json', help='write all results as JSON')
@@ -145,16 +201,20 @@ def export(model, full: bool, x: torch.Tensor, path: str, what: str) -> float:
         if not full:
             raise
         reason = (str(e).strip().splitlines() or [''])[0]
-        sys.exit(f"{TOOL}: {type(model).__name__}'s tensor forward does not export with "
-                 f'torch.onnx ({type(e).__name__}: {reason[:200]}); quantize the backbone '
-                 '(drop --full)')
+        sys.exit(
+            f"{TOOL}: {type(model).__name__}'s tensor forward does not export with "
+            f'torch.onnx ({type(e).__name__}: {reason[:200]}); quantize the backbone '
+            '(drop --full)'
+        )
     with torch.no_grad():
         scale = max(float(t.abs().max()) for t in flatten_outputs(module(x)))
     err = onnx_max_abs_error(module, x, onnxruntime_session(path))
     if not err <= 1e-3 * max(1.0, scale):
-        raise RuntimeError(f'the float32 ONNX graph of the {what} model differs from PyTorch by '
-                           f'{err:.3g} (outputs up to {scale:.3g}): the export is wrong, '
-                           'quantizing it would measure nothing')
+        raise RuntimeError(
+            f'the float32 ONNX graph of the {what} model differs from PyTorch by '
+            f'{err:.3g} (outputs up to {scale:.3g}): the export is wrong, '
+            'quantizing it would measure nothing'
+        )
     return err
 
 
@@ -177,6 +237,7 @@ def evaluate(model, cfg, session, full: bool) -> dict:
     detector's tensor forward), the rest of the model in PyTorch; batch 1."""
     from mmengine.evaluator import Evaluator
     from mmengine.runner import Runner
+
     loader_cfg = copy.deepcopy(cfg.test_dataloader)
     loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
     loader = Runner.build_dataloader(loader_cfg)
@@ -192,8 +253,11 @@ def evaluate(model, cfg, session, full: bool) -> dict:
                 outs = run_session(session, data['inputs'], 'a test image')
                 n = len(outs) // 2
                 results = model.bbox_head.predict_by_feat(
-                    outs[:n], outs[n:], batch_img_metas=[s.metainfo for s in
-                                                         data['data_samples']], rescale=True)
+                    outs[:n],
+                    outs[n:],
+                    batch_img_metas=[s.metainfo for s in data['data_samples']],
+                    rescale=True,
+                )
                 samples = model.add_pred_to_datasample(data['data_samples'], results)
             else:
                 samples = model(**data, mode='predict')
@@ -214,10 +278,11 @@ def print_report(report, forms, limit: int = 12) -> None:
     cols = ' '.join(f'{short[f]:>8s}' for f in forms)
     print(f'  {"module (* changed by folding)":40s} max|w|: {cols}   max|act|: {cols}')
     for r in report[:limit]:
-        w = ' '.join(f"{r[f]['weight_absmax']:8.3g}" for f in forms)
-        a = ' '.join(f"{r[f]['act_absmax']:8.3g}" for f in forms)
-        print(f"  {('* ' if r['changed'] else '  ') + r['module']:40.40s}         {w}"
-              f"             {a}")
+        w = ' '.join(f'{r[f]["weight_absmax"]:8.3g}' for f in forms)
+        a = ' '.join(f'{r[f]["act_absmax"]:8.3g}' for f in forms)
+        print(
+            f'  {("* " if r["changed"] else "  ") + r["module"]:40.40s}         {w}             {a}'
+        )
     if len(report) > limit:
         print(f'  ... {len(report) - limit} more (all in --dump)')
 
@@ -234,19 +299,25 @@ def main(argv=None) -> dict:
     check_outputs(TOOL, outputs[:1], [], force=args.force)
     require('onnx', 'onnxruntime', tool=TOOL)
     cfg = load_config(args.config, args.cfg_options)
-    splits = ('test', ) if args.calib_split == 'test' else ('train', 'test')
+    splits = ('test',) if args.calib_split == 'test' else ('train', 'test')
     check_outputs(TOOL, outputs, config_inputs(cfg, splits))
-    check_inputs(cfg, TOOL, splits=splits,
-                 checkpoints=[('checkpoint to quantize', 'CHECKPOINT argument', args.checkpoint)])
+    check_inputs(
+        cfg,
+        TOOL,
+        splits=splits,
+        checkpoints=[('checkpoint to quantize', 'CHECKPOINT argument', args.checkpoint)],
+    )
 
     model = init_model(cfg, args.checkpoint)
     if args.full and not is_single_stage_detector(model):
-        raise ConfigError(f'--full quantizes a single-stage detector\'s tensor forward '
-                          f'(RetinaNet-style bbox_head); {type(model).__name__} is not one: '
-                          'drop --full to quantize its backbone')
+        raise ConfigError(
+            f"--full quantizes a single-stage detector's tensor forward "
+            f'(RetinaNet-style bbox_head); {type(model).__name__} is not one: '
+            'drop --full to quantize its backbone'
+        )
     scope = model if args.full else model.backbone
     folded_modules = [n for n, m in scope.named_modules() if n and is_foldable(m)]
-    forms = FORMS if args.report else (args.form, )
+    forms = FORMS if args.report else (args.form,)
 
     calib = pipeline_inputs(cfg, model.data_preprocessor, args.calib_images, args.calib_split)
     tests = pipeline_inputs(cfg, model.data_preprocessor, args.sqnr_images, 'test', seed=1)
@@ -255,20 +326,35 @@ def main(argv=None) -> dict:
     shape = (1, 3, *args.shape) if args.shape else tuple(calib[0][0].shape)
     check_inputs_shape(calib, shape, f'{args.calib_split} calibration image')
     check_inputs_shape(tests, shape, 'test image')
-    options = dict(per_channel=not args.per_tensor, activation_type=args.activation_type,
-                   reduce_range=(needs_reduce_range() if args.reduce_range == 'auto'
-                                 else args.reduce_range == 'on'),
-                   method=args.method, symmetric_activations=args.symmetric_activations,
-                   exclude_op_types=list(args.exclude_ops))
+    options = dict(
+        per_channel=not args.per_tensor,
+        activation_type=args.activation_type,
+        reduce_range=(
+            needs_reduce_range() if args.reduce_range == 'auto' else args.reduce_range == 'on'
+        ),
+        method=args.method,
+        symmetric_activations=args.symmetric_activations,
+        exclude_op_types=list(args.exclude_ops),
+    )
     threads = torch.get_num_threads()
-    result = dict(config=args.config, checkpoint=args.checkpoint, part=part, form=args.form,
-                  input_shape=list(shape), out=out, calibration_images=len(calib),
-                  calibration_split=args.calib_split, sqnr_images=len(tests), threads=threads,
-                  options=options, machine=machine_info())
+    result = dict(
+        config=args.config,
+        checkpoint=args.checkpoint,
+        part=part,
+        form=args.form,
+        input_shape=list(shape),
+        out=out,
+        calibration_images=len(calib),
+        calibration_split=args.calib_split,
+        sqnr_images=len(tests),
+        threads=threads,
+        options=options,
+        machine=machine_info(),
+    )
     x = export_input(calib, shape)
     with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
         paths, layers, targets = {}, {}, {}
-        for form in (args.form, ) + tuple(f for f in forms if f != args.form):
+        for form in (args.form,) + tuple(f for f in forms if f != args.form):
             targets[form] = build_form(model, form)
             float_path = osp.join(tmp, f'{form}.onnx')
             int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8.onnx')
@@ -279,24 +365,31 @@ def main(argv=None) -> dict:
             if args.report:
                 layers[form] = weighted_layers(float_path, ranges)
             if form == args.form:
-                print(f'wrote the INT8 {form} {part} ({args.method} calibration on '
-                      f'{len(calib)} {args.calib_split} images, input {shape}) to {out}',
-                      flush=True)
+                print(
+                    f'wrote the INT8 {form} {part} ({args.method} calibration on '
+                    f'{len(calib)} {args.calib_split} images, input {shape}) to {out}',
+                    flush=True,
+                )
         result['qdq'] = qdq_summary(out)
-        sessions = {k: onnxruntime_session(p, threads)
-                    for k, p in zip(('float32', 'int8'), paths[args.form])}
+        sessions = {
+            k: onnxruntime_session(p, threads)
+            for k, p in zip(('float32', 'int8'), paths[args.form])
+        }
         ref, q = (all_outputs(sessions[k], tests) for k in ('float32', 'int8'))
         result['sqnr_db'] = sqnr_db(ref, q)
         n_out = len(ref) // len(tests)
-        result['sqnr_db_per_output'] = [sqnr_db(ref[i::n_out], q[i::n_out])
-                                        for i in range(n_out)]
-        print(f'SQNR of INT8 against float32 on {len(tests)} test images: '
-              f"{result['sqnr_db']:.1f} dB (per output: "
-              f"{', '.join(f'{s:.1f}' for s in result['sqnr_db_per_output'])})", flush=True)
+        result['sqnr_db_per_output'] = [sqnr_db(ref[i::n_out], q[i::n_out]) for i in range(n_out)]
+        print(
+            f'SQNR of INT8 against float32 on {len(tests)} test images: '
+            f'{result["sqnr_db"]:.1f} dB (per output: '
+            f'{", ".join(f"{s:.1f}" for s in result["sqnr_db_per_output"])})',
+            flush=True,
+        )
 
         if not args.no_metric:
-            result['metric'] = {k: evaluate(targets[args.form], cfg, s, args.full)
-                                for k, s in sessions.items()}
+            result['metric'] = {
+                k: evaluate(targets[args.form], cfg, s, args.full) for k, s in sessions.items()
+            }
             key = main_metric(result['metric']['float32'])
             f32, i8 = result['metric']['float32'][key], result['metric']['int8'][key]
             result.update(metric_key=key, metric_drop=f32 - i8)
@@ -306,14 +399,19 @@ def main(argv=None) -> dict:
             array = tests[0][0]
             stats = time_interleaved(
                 {k: (lambda s=s: s.run(None, {'input': array})) for k, s in sessions.items()},
-                repeat=args.repeat, warmup=args.warmup)
-            result['latency_ms'] = {k: dict(median=v.median, min=v.min, max=v.max)
-                                    for k, v in stats.items()}
+                repeat=args.repeat,
+                warmup=args.warmup,
+            )
+            result['latency_ms'] = {
+                k: dict(median=v.median, min=v.min, max=v.max) for k, v in stats.items()
+            }
             result['speedup'] = stats['float32'].median / stats['int8'].median
-            print(f'onnxruntime latency ({threads} thread(s), median of {args.repeat}): '
-                  f"float32 {stats['float32'].median:.2f} ms, INT8 "
-                  f"{stats['int8'].median:.2f} ms, speed-up {result['speedup']:.2f}x",
-                  flush=True)
+            print(
+                f'onnxruntime latency ({threads} thread(s), median of {args.repeat}): '
+                f'float32 {stats["float32"].median:.2f} ms, INT8 '
+                f'{stats["int8"].median:.2f} ms, speed-up {result["speedup"]:.2f}x',
+                flush=True,
+            )
 
         if args.report:
             result['forms'] = {}
@@ -323,8 +421,10 @@ def main(argv=None) -> dict:
                 result['forms'][form] = dict(sqnr_db=sqnr_db(f_out, q_out))
             result['layers'] = layers
             result['fold_ranges'] = fold_range_report(layers, folded_modules)
-            print('SQNR by form: ' + ', '.join(f"{f} {result['forms'][f]['sqnr_db']:.1f} dB"
-                                               for f in FORMS))
+            print(
+                'SQNR by form: '
+                + ', '.join(f'{f} {result["forms"][f]["sqnr_db"]:.1f} dB' for f in FORMS)
+            )
             print('ranges per module, unfolded / folded / identity-apart (widest fold first):')
             print_report(result['fold_ranges'], FORMS)
     finish(result['machine'])

@@ -12,6 +12,7 @@ OUT may not be an input (CHECKPOINT, CONFIG, a file the config reads) or a link 
 with --force; it is written atomically (a temporary file beside it, renamed at the end, removed
 on an error or SIGTERM) and an existing OUT is refused unless --force is given.
 """
+
 import argparse
 import os.path as osp
 
@@ -21,7 +22,7 @@ from mmengine.runner import load_checkpoint
 import mmrepa
 from mmrepa.apis import init_model, load_config, one_line_errors
 from mmrepa.checkpoint import save_atomically
-from mmrepa.tool_inputs import config_inputs
+from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.utils.files import check_outputs
 
 TOOL = 'tools/reparameterize.py'
@@ -41,8 +42,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     outputs = [('OUT', args.out)]
-    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)],
-                  args.force)
+    check_outputs(
+        TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)], args.force
+    )
     cfg = load_config(args.config, args.cfg_options)
     check_outputs(TOOL, outputs, config_inputs(cfg), args.force)  # e.g. RepOptVGG's scales
     model = init_model(cfg)
@@ -51,13 +53,16 @@ def main(argv=None):
     model.eval()
     mmrepa.reparameterize(model)
     meta = dict(checkpoint.get('meta') or {})
-    meta.update(mmrepa=dict(deploy=True, version=mmrepa.__version__,
-                            source=osp.abspath(args.checkpoint)),
-                config=model.cfg.pretty_text)
+    meta.update(
+        mmrepa=dict(deploy=True, version=mmrepa.__version__, source=osp.abspath(args.checkpoint)),
+        config=model.cfg.pretty_text,
+    )
     save_atomically(dict(meta=meta, state_dict=model.state_dict()), args.out)
     params = sum(p.numel() for p in model.parameters())
-    print(f'wrote the folded model ({params / 1e6:.2f} M parameters) to {args.out}; load it with '
-          f'--cfg-options model.backbone.deploy=True')
+    print(
+        f'wrote the folded model ({params / 1e6:.2f} M parameters) to {args.out}; load it with '
+        f'--cfg-options model.backbone.deploy=True'
+    )
 
 
 if __name__ == '__main__':

@@ -22,6 +22,7 @@ the end), the pictures into a temporary folder beside DIR whose files are moved 
 end (DIR's other files are kept): a failed or killed test (Ctrl-C, SIGTERM) leaves no partial
 output.
 """
+
 import contextlib
 import os.path as osp
 
@@ -30,11 +31,10 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import (one_line_errors, setup_cpu_distributed, tool_argument_parser,
-                         tool_config)
+from mmrepa.apis import one_line_errors, setup_cpu_distributed, tool_argument_parser, tool_config
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.errors import ConfigError
-from mmrepa.tool_inputs import check_inputs, config_inputs
+from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs, write_json
 
 TOOL = 'tools/test.py'
@@ -43,23 +43,36 @@ TOOL = 'tools/test.py'
 def parse_args():
     parser = tool_argument_parser(__doc__.strip().splitlines()[0])
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--reparam', action='store_true',
-                        help='fold the model before testing (ReparameterizeHook)')
-    parser.add_argument('--latency-batches', type=int, default=10, metavar='N',
-                        help='with --reparam: test batches timed before/after folding '
-                        '(0 to skip timing)')
-    parser.add_argument('--dump-metrics', metavar='FILE.json',
-                        help='also write the metrics to this JSON file')
-    parser.add_argument('--show-dir', metavar='DIR',
-                        help='save the predictions drawn on every test image in DIR')
-    parser.add_argument('--out', metavar='FILE.pkl',
-                        help='dump the predictions of every test image to this pickle file')
+    parser.add_argument(
+        '--reparam', action='store_true', help='fold the model before testing (ReparameterizeHook)'
+    )
+    parser.add_argument(
+        '--latency-batches',
+        type=int,
+        default=10,
+        metavar='N',
+        help='with --reparam: test batches timed before/after folding (0 to skip timing)',
+    )
+    parser.add_argument(
+        '--dump-metrics', metavar='FILE.json', help='also write the metrics to this JSON file'
+    )
+    parser.add_argument(
+        '--show-dir', metavar='DIR', help='save the predictions drawn on every test image in DIR'
+    )
+    parser.add_argument(
+        '--out',
+        metavar='FILE.pkl',
+        help='dump the predictions of every test image to this pickle file',
+    )
     return parser.parse_args()
 
 
 # the visualization hook each codebase's default runtime has, and how its test tool turns it on
-VISUALIZATION_HOOKS = {'mmdet': 'DetVisualizationHook', 'mmseg': 'SegVisualizationHook',
-                       'mmpretrain': 'VisualizationHook'}
+VISUALIZATION_HOOKS = {
+    'mmdet': 'DetVisualizationHook',
+    'mmseg': 'SegVisualizationHook',
+    'mmpretrain': 'VisualizationHook',
+}
 
 
 def show_predictions(cfg, show_dir: str) -> None:
@@ -68,8 +81,10 @@ def show_predictions(cfg, show_dir: str) -> None:
     hook does not put it under the work dir)."""
     scope = cfg.get('default_scope')
     if scope not in VISUALIZATION_HOOKS or 'visualizer' not in cfg:
-        raise ConfigError(f'--show-dir: config {cfg.filename} has no visualizer to draw with '
-                          f'(default_scope {scope!r}, visualizer {cfg.get("visualizer")!r})')
+        raise ConfigError(
+            f'--show-dir: config {cfg.filename} has no visualizer to draw with '
+            f'(default_scope {scope!r}, visualizer {cfg.get("visualizer")!r})'
+        )
     hooks = cfg.setdefault('default_hooks', {})
     hook = hooks.get('visualization') or dict(type=VISUALIZATION_HOOKS[scope])
     hooks['visualization'] = hook
@@ -85,8 +100,7 @@ def show_predictions(cfg, show_dir: str) -> None:
 
 def check_pickle_name(out: str) -> None:
     if not out.endswith(('.pkl', '.pickle')):
-        raise ConfigError(f'--out {out}: the predictions are dumped as a pickle; name a .pkl '
-                          'file')
+        raise ConfigError(f'--out {out}: the predictions are dumped as a pickle; name a .pkl file')
 
 
 def dump_results_metric(cfg, out: str):
@@ -94,24 +108,33 @@ def dump_results_metric(cfg, out: str):
     check_pickle_name(out)
     if cfg.get('default_scope') == 'mmdet':
         from mmdet.evaluation import DumpDetResults  # masks RLE-encoded, ground truth dropped
+
         return DumpDetResults(out_file_path=osp.abspath(out))
     from mmengine.evaluator import DumpResults
+
     return DumpResults(out_file_path=osp.abspath(out))
 
 
 @one_line_errors(TOOL)
 def main():
     args = parse_args()
-    outputs = [('--dump-metrics', args.dump_metrics), ('--out', args.out),
-               ('--show-dir', args.show_dir, True)]
+    outputs = [
+        ('--dump-metrics', args.dump_metrics),
+        ('--out', args.out),
+        ('--show-dir', args.show_dir, True),
+    ]
     check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
     if args.out:
         check_pickle_name(args.out)
     cfg = tool_config(args)
-    check_outputs(TOOL, outputs, config_inputs(cfg, splits=('test', )))
+    check_outputs(TOOL, outputs, config_inputs(cfg, splits=('test',)))
     cfg.load_from = args.checkpoint
-    check_inputs(cfg, 'tools/test.py', splits=('test', ),
-                 checkpoints=[('checkpoint to test', 'CHECKPOINT argument', args.checkpoint)])
+    check_inputs(
+        cfg,
+        'tools/test.py',
+        splits=('test',),
+        checkpoints=[('checkpoint to test', 'CHECKPOINT argument', args.checkpoint)],
+    )
     load_checkpoint_file(args.checkpoint)  # unreadable or foreign: stop before the runner writes
     with contextlib.ExitStack() as temporaries:
         run_test(cfg, args, temporaries)
@@ -123,24 +146,41 @@ def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
     # the ranks of a distributed run draw into one folder: DIR itself, not a temporary each
     distributed = cfg.get('launcher', 'none') != 'none'
     if args.show_dir:
-        show_predictions(cfg, args.show_dir if distributed else temporaries.enter_context(
-            atomic_folder(args.show_dir, replace=False)))
+        show_predictions(
+            cfg,
+            args.show_dir
+            if distributed
+            else temporaries.enter_context(atomic_folder(args.show_dir, replace=False)),
+        )
     setup_cpu_distributed(cfg)
     if args.reparam:
         cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
-            dict(type='ReparameterizeHook', verify=True,
-                 measure_latency=args.latency_batches > 0,
-                 num_batches=max(1, args.latency_batches))
+            dict(
+                type='ReparameterizeHook',
+                verify=True,
+                measure_latency=args.latency_batches > 0,
+                num_batches=max(1, args.latency_batches),
+            )
         ]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if args.out:  # every rank has the metric; the main process alone writes (a temporary)
-        runner.test_evaluator.metrics.append(dump_results_metric(
-            cfg, temporaries.enter_context(atomic_output(args.out)) if is_main_process()
-            else args.out))
+        runner.test_evaluator.metrics.append(
+            dump_results_metric(
+                cfg,
+                temporaries.enter_context(atomic_output(args.out))
+                if is_main_process()
+                else args.out,
+            )
+        )
     metrics = runner.test()
     if args.dump_metrics and is_main_process():
-        write_json({k: float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
-                    for k, v in metrics.items()}, args.dump_metrics)
+        write_json(
+            {
+                k: float(v) if isinstance(v, (int, float)) or hasattr(v, 'item') else v
+                for k, v in metrics.items()
+            },
+            args.dump_metrics,
+        )
 
 
 if __name__ == '__main__':

@@ -13,6 +13,7 @@ difference (relative to the largest absolute value before folding). OUT.png may 
 (the image, the config, the checkpoint) or a link to one, checked before the model is built; it
 is written atomically.
 """
+
 import os.path as osp
 import sys
 
@@ -28,8 +29,12 @@ def backbone_input(model, image: str):
     """``image`` through the config's test pipeline (annotation loading left out) and the
     model's data preprocessor: the tensor the backbone sees in testing."""
     from mmengine.dataset import Compose, pseudo_collate
-    steps = [t for t in model.cfg.test_dataloader.dataset.pipeline
-             if not t['type'].split('.')[-1].startswith('LoadAnnotations')]
+
+    steps = [
+        t
+        for t in model.cfg.test_dataloader.dataset.pipeline
+        if not t['type'].split('.')[-1].startswith('LoadAnnotations')
+    ]
     data = Compose(steps)(dict(img_path=image, img_id=0))
     return model.data_preprocessor(pseudo_collate([data]), False)['inputs']
 
@@ -41,8 +46,14 @@ def compare_outputs(before, after) -> list:
     for b, a in zip(before, after):
         diff = (a - b).abs().max().item()
         scale = b.abs().max().item()
-        rows.append(dict(shape=tuple(b.shape[1:]), max_abs=scale, max_diff=diff,
-                         rel_diff=diff / scale if scale > 0 else 0.0))
+        rows.append(
+            dict(
+                shape=tuple(b.shape[1:]),
+                max_abs=scale,
+                max_diff=diff,
+                rel_diff=diff / scale if scale > 0 else 0.0,
+            )
+        )
     return rows
 
 
@@ -51,6 +62,7 @@ def principal_component(before, after):
     ``before``: one map each, on the same axis. Norms over channels are no picture of
     LayerNorm-ed outputs (every position has norm ~sqrt(C)); their main direction is."""
     import torch
+
     x = before[0].flatten(1).T.double()  # (H * W, C)
     mean = x.mean(dim=0)
     _, _, v = torch.linalg.svd(x - mean, full_matrices=False)
@@ -62,6 +74,7 @@ def principal_component(before, after):
 def draw(out_file: str, image, inputs, before, after, rows, title: str) -> None:
     """One row per output: [input image] | before | after | |after - before|."""
     import matplotlib
+
     matplotlib.use('Agg')  # files only, no display
     import matplotlib.pyplot as plt
     from matplotlib.gridspec import GridSpec
@@ -71,20 +84,30 @@ def draw(out_file: str, image, inputs, before, after, rows, title: str) -> None:
     grid = GridSpec(n, 4, figure=fig)
     ax = fig.add_subplot(grid[:, 0])
     ax.imshow(image)
-    ax.set_title(f'input {image.shape[1]}x{image.shape[0]}\n(backbone sees '
-                 f'{inputs.shape[-1]}x{inputs.shape[-2]})', fontsize=9)
+    ax.set_title(
+        f'input {image.shape[1]}x{image.shape[0]}\n(backbone sees '
+        f'{inputs.shape[-1]}x{inputs.shape[-2]})',
+        fontsize=9,
+    )
     ax.axis('off')
     for i, (b, a, row) in enumerate(zip(before, after, rows)):
         c, h, w = row['shape']
         stride = inputs.shape[-1] / w
         pc_before, pc_after = principal_component(b, a)
         panels = (
-            (pc_before, 'viridis', f'output {i} before folding: {c}x{h}x{w}, stride '
-             f'{stride:.0f}\n1st principal component over channels'),
+            (
+                pc_before,
+                'viridis',
+                f'output {i} before folding: {c}x{h}x{w}, stride '
+                f'{stride:.0f}\n1st principal component over channels',
+            ),
             (pc_after, 'viridis', f'output {i} after folding\n(same projection)'),
-            ((a[0] - b[0]).abs().amax(dim=0), 'magma',
-             f'|after - before|, max over channels\nmax abs diff {row["max_diff"]:.2e}, '
-             f'relative {row["rel_diff"]:.1e}'),
+            (
+                (a[0] - b[0]).abs().amax(dim=0),
+                'magma',
+                f'|after - before|, max over channels\nmax abs diff {row["max_diff"]:.2e}, '
+                f'relative {row["rel_diff"]:.1e}',
+            ),
         )
         for j, (values, cmap, label) in enumerate(panels):
             ax = fig.add_subplot(grid[i, j + 1])
@@ -105,6 +128,7 @@ def main(argv=None):
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
     from mmrepa.apis import one_line_errors
+
     # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
     with one_line_errors('tools/vis_features.py'):
         return run(args)
@@ -112,9 +136,12 @@ def main(argv=None):
 
 def run(args):
     from mmrepa.utils.files import atomic_output, check_outputs
-    check_outputs('tools/vis_features.py', [('--out-file', args.out_file)],
-                  [('config', args.config), ('checkpoint', args.checkpoint),
-                   ('image', args.image)])
+
+    check_outputs(
+        'tools/vis_features.py',
+        [('--out-file', args.out_file)],
+        [('config', args.config), ('checkpoint', args.checkpoint), ('image', args.image)],
+    )
 
     import copy
 
@@ -122,7 +149,7 @@ def run(args):
 
     import mmrepa
     from mmrepa.apis import init_model, one_line_errors
-    from mmrepa.tool_inputs import read_image
+    from mmrepa.integrations.cli.inputs import read_image
 
     image = read_image('tools/vis_features.py', args.image)  # before the model is built
 
@@ -133,16 +160,25 @@ def run(args):
         inputs = backbone_input(model, args.image)
         before, after = model.backbone(inputs), folded.backbone(inputs)
     if isinstance(before, torch.Tensor):
-        before, after = (before, ), (after, )
+        before, after = (before,), (after,)
     rows = compare_outputs(before, after)
     for i, row in enumerate(rows):
-        print(f'output {i} {"x".join(map(str, row["shape"]))}: max |value| '
-              f'{row["max_abs"]:.4g}, max abs diff {row["max_diff"]:.3e}, relative '
-              f'{row["rel_diff"]:.3e}')
+        print(
+            f'output {i} {"x".join(map(str, row["shape"]))}: max |value| '
+            f'{row["max_abs"]:.4g}, max abs diff {row["max_diff"]:.3e}, relative '
+            f'{row["rel_diff"]:.3e}'
+        )
     with atomic_output(args.out_file) as tmp:  # .tmp.png: matplotlib reads the extension
-        draw(tmp, image, inputs, before, after,
-             rows, f'{type(model.backbone).__name__} of {osp.basename(args.config)} '
-             f'({osp.basename(args.checkpoint)}) before and after folding')
+        draw(
+            tmp,
+            image,
+            inputs,
+            before,
+            after,
+            rows,
+            f'{type(model.backbone).__name__} of {osp.basename(args.config)} '
+            f'({osp.basename(args.checkpoint)}) before and after folding',
+        )
     print(f'wrote {args.out_file}')
     return rows
 

@@ -16,16 +16,24 @@ model = dict(
         img_size=48,
         patch_size=6,  # an 8 x 8 token grid
         out_type='avg',
-        init_cfg=None),
+        init_cfg=None,
+    ),
     neck=None,
-    head=dict(in_channels=96))
+    head=dict(in_channels=96),
+)
 optim_wrapper = dict(optimizer=dict(lr=3e-4))  # 1e-3 (the CAFormer's) stalls this ViT
 custom_hooks = [dict(type='BranchJoinScheduleHook', begin_ratio=0.3, end_ratio=0.7)]
 max_epochs = 30
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=300),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs, T_max=max_epochs,
-         eta_min=1e-5)
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=1e-5,
+    ),
 ]
 default_hooks = dict(checkpoint=dict(interval=max_epochs))

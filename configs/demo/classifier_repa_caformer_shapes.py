@@ -8,21 +8,26 @@ data_root = 'data/demo_shapes_cls/'
 model = dict(
     type='ImageClassifier',
     data_preprocessor=dict(
-        num_classes=3,
-        mean=[123.675, 116.28, 103.53],
-        std=[58.395, 57.12, 57.375],
-        to_rgb=True),
+        num_classes=3, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True
+    ),
     backbone=dict(
         type='CAFormer',
         arch=dict(depths=(1, 1, 2, 1), dims=(32, 64, 128, 256)),
         idle_ratio=0.75,
         window_size=None,  # 3 x 3 and 2 x 2 maps at 48 px: global attention
         drop_path_rate=0.0,
-        out_indices=(3, ),
-        init_cfg=None),
+        out_indices=(3,),
+        init_cfg=None,
+    ),
     neck=dict(type='GlobalAveragePooling'),
-    head=dict(type='LinearClsHead', num_classes=3, in_channels=256,
-              loss=dict(type='CrossEntropyLoss', loss_weight=1.0), topk=(1, )))
+    head=dict(
+        type='LinearClsHead',
+        num_classes=3,
+        in_channels=256,
+        loss=dict(type='CrossEntropyLoss', loss_weight=1.0),
+        topk=(1,),
+    ),
+)
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -38,20 +43,23 @@ train_dataloader = dict(
     num_workers=2,
     persistent_workers=True,
     sampler=dict(type='DefaultSampler', shuffle=True),
-    dataset=dict(type='CustomDataset', data_root=data_root, data_prefix='train',
-                 pipeline=train_pipeline))
+    dataset=dict(
+        type='CustomDataset', data_root=data_root, data_prefix='train', pipeline=train_pipeline
+    ),
+)
 val_dataloader = dict(
     batch_size=32,
     num_workers=2,
     persistent_workers=True,
     sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(type='CustomDataset', data_root=data_root, data_prefix='val',
-                 pipeline=test_pipeline))
+    dataset=dict(
+        type='CustomDataset', data_root=data_root, data_prefix='val', pipeline=test_pipeline
+    ),
+)
 test_dataloader = val_dataloader
-val_evaluator = dict(type='Accuracy', topk=(1, ))
+val_evaluator = dict(type='Accuracy', topk=(1,))
 # the test also gives each class's recall, which tools/demo.py shows when a task did not learn
-test_evaluator = [val_evaluator,
-                  dict(type='SingleLabelMetric', items=('recall', ), average=None)]
+test_evaluator = [val_evaluator, dict(type='SingleLabelMetric', items=('recall',), average=None)]
 
 max_epochs = 10
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
@@ -59,14 +67,21 @@ val_cfg = dict()
 test_cfg = dict()
 optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}),
-    clip_grad=dict(max_norm=10.0))
+    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.0)}),
+    clip_grad=dict(max_norm=10.0),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs, T_max=max_epochs,
-         eta_min=1e-5)
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=1e-5,
+    ),
 ]
 default_hooks = dict(
-    logger=dict(interval=10),
-    checkpoint=dict(interval=max_epochs, max_keep_ckpts=1))
+    logger=dict(interval=10), checkpoint=dict(interval=max_epochs, max_keep_ckpts=1)
+)
 randomness = dict(seed=0)

@@ -8,13 +8,21 @@ model = dict(backbone=dict(mode='target', scales=scales))
 optim_wrapper = dict(
     constructor='RepOptOptimWrapperConstructor',
     optimizer=dict(type='RepOptSGD', lr=0.05, momentum=0.9, nesterov=True, weight_decay=4e-5),
-    paramwise_cfg=dict(_delete_=True, norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       flat_decay_mult=0.0))
+    paramwise_cfg=dict(
+        _delete_=True, norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0
+    ),
+)
 max_epochs = 6
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs, T_max=max_epochs,
-         eta_min=0.0)
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=0.0,
+    ),
 ]
 default_hooks = dict(checkpoint=dict(interval=max_epochs))

@@ -11,4 +11,6 @@ model = dict(
         window_size=(None, None, 4, 2),  # 8 x 8 and 4 x 4 maps at 128 px: 2 x 2 windows
         drop_path_rate=0.0,
         out_indices=(1, 2, 3),
-        init_cfg=None))
+        init_cfg=None,
+    )
+)

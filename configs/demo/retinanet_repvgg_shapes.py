@@ -6,4 +6,5 @@ custom_imports = dict(imports=['mmrepa', 'mmpretrain.models'], allow_failed_impo
 
 model = dict(
     backbone=dict(_delete_=True, type='mmpretrain.RepVGG', arch='A0', out_indices=(1, 2, 3)),
-    neck=dict(in_channels=[96, 192, 1280]))
+    neck=dict(in_channels=[96, 192, 1280]),
+)

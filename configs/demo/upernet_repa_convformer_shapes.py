@@ -2,8 +2,9 @@
 # generated shapes in ADE20K's layout (mmrepa.datasets.make_shapes_ade20k) in a few CPU minutes,
 # evaluated by mmseg's IoUMetric (mIoU). Real data: configs/upernet_*_ade20k.py.
 _base_ = ['mmseg::_base_/models/upernet_r50.py', 'mmseg::_base_/default_runtime.py']
-custom_imports = dict(imports=['mmrepa', 'mmrepa.datasets.shapes_ade20k'],
-                      allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmrepa', 'mmrepa.datasets.shapes_ade20k'], allow_failed_imports=False
+)
 
 data_root = 'data/demo_shapes_ade/'
 norm_cfg = dict(type='BN', requires_grad=True)  # one process on the CPU: no SyncBN
@@ -17,13 +18,14 @@ model = dict(
         idle_ratio=0.75,
         drop_path_rate=0.0,
         out_indices=(0, 1, 2, 3),
-        init_cfg=None),
-    decode_head=dict(in_channels=[32, 64, 128, 256], channels=64, num_classes=4,
-                     norm_cfg=norm_cfg),
+        init_cfg=None,
+    ),
+    decode_head=dict(in_channels=[32, 64, 128, 256], channels=64, num_classes=4, norm_cfg=norm_cfg),
     # mmseg's auxiliary FCN head on stage 3, as in its UperNet configs: with it (and lr 2e-3),
     # triangles are told from squares within the schedule; without, seed 1 never learned them
     # (triangle IoU 6 %, mIoU 67)
-    auxiliary_head=dict(in_channels=128, channels=64, num_classes=4, norm_cfg=norm_cfg))
+    auxiliary_head=dict(in_channels=128, channels=64, num_classes=4, norm_cfg=norm_cfg),
+)
 
 # ADE20K's pipeline without the rescaling and cropping: the images are already 48 px. The
 # data set reduces the zero label (ADE20K's default), LoadAnnotations follows it
@@ -45,18 +47,25 @@ train_dataloader = dict(
     num_workers=2,
     persistent_workers=True,
     sampler=dict(type='DefaultSampler', shuffle=True),
-    dataset=dict(type='ShapesADE20KDataset', data_root=data_root,
-                 data_prefix=dict(img_path='images/training', seg_map_path='annotations/training'),
-                 pipeline=train_pipeline))
+    dataset=dict(
+        type='ShapesADE20KDataset',
+        data_root=data_root,
+        data_prefix=dict(img_path='images/training', seg_map_path='annotations/training'),
+        pipeline=train_pipeline,
+    ),
+)
 val_dataloader = dict(
     batch_size=1,
     num_workers=2,
     persistent_workers=True,
     sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(type='ShapesADE20KDataset', data_root=data_root,
-                 data_prefix=dict(img_path='images/validation',
-                                  seg_map_path='annotations/validation'),
-                 pipeline=test_pipeline))
+    dataset=dict(
+        type='ShapesADE20KDataset',
+        data_root=data_root,
+        data_prefix=dict(img_path='images/validation', seg_map_path='annotations/validation'),
+        pipeline=test_pipeline,
+    ),
+)
 test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
@@ -68,12 +77,19 @@ test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=2e-3, weight_decay=0.05),
-    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.)}),
-    clip_grad=dict(max_norm=10.0))
+    paramwise_cfg=dict(custom_keys={'norm': dict(decay_mult=0.0)}),
+    clip_grad=dict(max_norm=10.0),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs, T_max=max_epochs,
-         eta_min=1e-5)
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=1e-5,
+    ),
 ]
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),
@@ -81,6 +97,7 @@ default_hooks = dict(
     param_scheduler=dict(type='ParamSchedulerHook'),
     checkpoint=dict(type='CheckpointHook', by_epoch=True, interval=max_epochs, max_keep_ckpts=1),
     sampler_seed=dict(type='DistSamplerSeedHook'),
-    visualization=dict(type='SegVisualizationHook'))
+    visualization=dict(type='SegVisualizationHook'),
+)
 log_processor = dict(by_epoch=True)
 randomness = dict(seed=0)

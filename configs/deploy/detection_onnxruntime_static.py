@@ -12,7 +12,7 @@ codebase_config = dict(
     task='ObjectDetection',
     model_type='end2end',
     # used only where the model's test_cfg does not say: its score_thr, nms and max_per_img
-    # win (mmrepa.deploy's RetinaNet, RPN and R-CNN rewrites keep mmdet's post-processing)
+    # win (mmrepa.integrations.mmdeploy's RetinaNet, RPN and R-CNN rewrites keep mmdet's post-processing)
     post_processing=dict(
         score_threshold=0.05,
         confidence_threshold=0.005,
@@ -20,4 +20,6 @@ codebase_config = dict(
         max_output_boxes_per_class=200,
         pre_top_k=5000,
         keep_top_k=100,
-        background_label_id=-1))
+        background_label_id=-1,
+    ),
+)

@@ -1,4 +1,5 @@
 """What every mmrepa backbone shares: the dense-prediction options users know from mmdet."""
+
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -7,15 +8,18 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_init
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoint.loading import (LoadReport, check_shapes, load_state_dict_checked,
-                                  read_state_dict)
+from ..checkpoint.loading import LoadReport, check_shapes, load_state_dict_checked, read_state_dict
 from ..errors import ConfigError, InputError
 from ..fold import Reparameterizable, fold_submodules
 from ..registry import build_norm_layer
 
 
-def lookup_arch(arch: Union[str, dict], settings: Dict[str, dict], required: Sequence[str],
-                aliases: Optional[Dict[str, str]] = None) -> dict:
+def lookup_arch(
+    arch: Union[str, dict],
+    settings: Dict[str, dict],
+    required: Sequence[str],
+    aliases: Optional[Dict[str, str]] = None,
+) -> dict:
     """A copy of the named arch of ``settings`` (any case, or one of ``aliases``), or of an
     arch dict that has the ``required`` keys; the error names both forms."""
     if isinstance(arch, str):
@@ -23,8 +27,10 @@ def lookup_arch(arch: Union[str, dict], settings: Dict[str, dict], required: Seq
         name = arch.lower()
         name = by_lower.get((aliases or {}).get(name, name))
         if name is None:
-            raise ConfigError(f'unknown arch {arch!r}; choose one of {sorted(settings)} or give '
-                              f'dict({", ".join(f"{k}=..." for k in required)})')
+            raise ConfigError(
+                f'unknown arch {arch!r}; choose one of {sorted(settings)} or give '
+                f'dict({", ".join(f"{k}=..." for k in required)})'
+            )
         return dict(settings[name])
     if not isinstance(arch, dict) or not set(required) <= set(arch):
         raise ConfigError(f'a custom arch must be a dict with keys {sorted(required)}, got {arch}')
@@ -41,17 +47,24 @@ class DenseBackbone(Reparameterizable, BaseModule):
     """
 
     stem_name = 'stem'  # frozen with frozen_stages >= 0
-    pretrained_options = ('use_ema', )  # init_cfg keys passed on to load_pretrained
+    pretrained_options = ('use_ema',)  # init_cfg keys passed on to load_pretrained
 
-    def _check_options(self, num_stages: int, out_indices: Sequence[int], frozen_stages: int,
-                       norm_eval: bool, deploy: bool) -> None:
+    def _check_options(
+        self,
+        num_stages: int,
+        out_indices: Sequence[int],
+        frozen_stages: int,
+        norm_eval: bool,
+        deploy: bool,
+    ) -> None:
         """Validate the shared options (errors name the allowed range) and store them."""
         self.num_stages = num_stages
         self.out_indices = tuple(out_indices)
         for i in self.out_indices:
             if not 0 <= i < num_stages:
-                raise ConfigError(f'out_indices {self.out_indices}: each index must be in '
-                                  f'[0, {num_stages - 1}]')
+                raise ConfigError(
+                    f'out_indices {self.out_indices}: each index must be in [0, {num_stages - 1}]'
+                )
         if not -1 <= frozen_stages <= num_stages:
             raise ConfigError(f'frozen_stages must be in [-1, {num_stages}], got {frozen_stages}')
         self.frozen_stages = frozen_stages
@@ -62,8 +75,11 @@ class DenseBackbone(Reparameterizable, BaseModule):
         """Add ``norm{i}`` for every output stage (an identity if ``out_norm_cfg`` is None:
         a classifier that normalises after pooling), then apply ``frozen_stages``."""
         for i in self.out_indices:
-            norm = (nn.Identity() if out_norm_cfg is None else
-                    build_norm_layer(out_norm_cfg, self.num_features[i])[1])
+            norm = (
+                nn.Identity()
+                if out_norm_cfg is None
+                else build_norm_layer(out_norm_cfg, self.num_features[i])[1]
+            )
             self.add_module(f'norm{i}', norm)
         self._freeze_stages()
 
@@ -74,8 +90,10 @@ class DenseBackbone(Reparameterizable, BaseModule):
 
     def _check_input(self, x: torch.Tensor, min_size: int, why: str) -> None:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise InputError(f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
-                             f'got {tuple(x.shape)}')
+            raise InputError(
+                f'{type(self).__name__} expects input (B, {self.in_channels}, H, W), '
+                f'got {tuple(x.shape)}'
+            )
         if min(x.shape[2:]) < min_size:
             raise InputError(f'input {tuple(x.shape[2:])} is too small: {why}')
 
@@ -118,8 +136,7 @@ class DenseBackbone(Reparameterizable, BaseModule):
 
     def init_weights(self):
         if isinstance(self.init_cfg, dict) and self.init_cfg.get('type') == 'Pretrained':
-            options = {k: self.init_cfg[k] for k in self.pretrained_options
-                       if k in self.init_cfg}
+            options = {k: self.init_cfg[k] for k in self.pretrained_options if k in self.init_cfg}
             self.load_pretrained(self.init_cfg['checkpoint'], **options)
             self._is_init = True
             return
@@ -143,19 +160,22 @@ class DenseBackbone(Reparameterizable, BaseModule):
         source = str(filename)
         state_dict = self.filter_checkpoint(read_state_dict(filename, use_ema=use_ema))
         return load_state_dict_checked(
-            self, state_dict, source=source,
-            may_be_missing=['norm[0-9]*', *self.optional_keys(state_dict, source)])
+            self,
+            state_dict,
+            source=source,
+            may_be_missing=['norm[0-9]*', *self.optional_keys(state_dict, source)],
+        )
 
     def optional_keys(self, state_dict: Dict[str, torch.Tensor], source: str) -> List[str]:
         """Patterns of own keys that this (filtered) checkpoint may lack."""
         return []
 
 
-def trunc_normal_init_(model: nn.Module, types=(nn.Linear, )) -> None:
+def trunc_normal_init_(model: nn.Module, types=(nn.Linear,)) -> None:
     """timm / Swin initialisation: truncated-normal weights (std .02) and zero biases for
     ``types``, identity LayerNorms and BatchNorms."""
     for m in model.modules():
         if isinstance(m, types):
-            trunc_normal_init(m, std=.02, bias=0.)
+            trunc_normal_init(m, std=0.02, bias=0.0)
         elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-            constant_init(m, 1.0, bias=0.)
+            constant_init(m, 1.0, bias=0.0)

@@ -7,6 +7,7 @@ hidden channels), which fold into three matrices at test time (SPEC §1).
 
 Everything runs channels-last, (B, H, W, C), as the original release does; the outputs are NCHW.
 """
+
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -19,8 +20,16 @@ from mmengine.registry import MODELS
 from ..checkpoint.loading import strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
 from ..fold import Reparameterizable, check_fold_state, norm_fold_problems
-from ..layers import (ChannelIdleFFN, ResScale, SepConv, WindowedSelfAttention, activate_first_,
-                      channels_last_norm, checkpoint_forward, num_active_channels)
+from ..layers import (
+    ChannelIdleFFN,
+    ResScale,
+    SepConv,
+    WindowedSelfAttention,
+    activate_first_,
+    channels_last_norm,
+    checkpoint_forward,
+    num_active_channels,
+)
 from ..registry import build_activation_layer, build_norm_layer
 from .base import DenseBackbone, lookup_arch, trunc_normal_init_
 
@@ -41,18 +50,25 @@ LN_NO_BIAS = dict(type='LN', eps=1e-6, bias=False)
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'s18' | 's36' | 'm36' | 'b36'`` or ``dict(depths=..., dims=...)`` -> arch settings."""
     arch = lookup_arch(arch, ARCH_SETTINGS, ('depths', 'dims'))
-    if set(arch) != {'depths', 'dims'} or len(arch['depths']) != NUM_STAGES \
-            or len(arch['dims']) != NUM_STAGES:
-        raise ConfigError(f'a custom arch needs {NUM_STAGES} depths and {NUM_STAGES} dims (one '
-                          f'per stage) and no other key, got {arch}')
+    if (
+        set(arch) != {'depths', 'dims'}
+        or len(arch['depths']) != NUM_STAGES
+        or len(arch['dims']) != NUM_STAGES
+    ):
+        raise ConfigError(
+            f'a custom arch needs {NUM_STAGES} depths and {NUM_STAGES} dims (one '
+            f'per stage) and no other key, got {arch}'
+        )
     return dict(depths=tuple(arch['depths']), dims=tuple(arch['dims']))
 
 
 def _per_stage(value, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != NUM_STAGES:
-            raise ConfigError(f'{name} has {len(value)} entries but the model has {NUM_STAGES} '
-                              'stages; give one value or one per stage')
+            raise ConfigError(
+                f'{name} has {len(value)} entries but the model has {NUM_STAGES} '
+                'stages; give one value or one per stage'
+            )
         return list(value)
     return [value] * NUM_STAGES
 
@@ -88,10 +104,16 @@ class Downsampling(nn.Module):
 def ffn_config(dims: int, idle_ratio: float, res_scale: bool) -> dict:
     """The :class:`ChannelIdleFFN` equivalent to a block's MLP branch (norm2, mlp, res_scale2)."""
     repa = idle_ratio > 0
-    return dict(embed_dims=dims, mlp_ratio=MLP_RATIO, idle_ratio=idle_ratio,
-                norm_cfg=dict(type='BN1d') if repa else LN_NO_BIAS,
-                hidden_norm_cfg=dict(type='BN1d') if repa else None,
-                act_cfg=dict(type='StarReLU'), bias=False, res_scale=res_scale)
+    return dict(
+        embed_dims=dims,
+        mlp_ratio=MLP_RATIO,
+        idle_ratio=idle_ratio,
+        norm_cfg=dict(type='BN1d') if repa else LN_NO_BIAS,
+        hidden_norm_cfg=dict(type='BN1d') if repa else None,
+        act_cfg=dict(type='StarReLU'),
+        bias=False,
+        res_scale=res_scale,
+    )
 
 
 class MetaFormerMlp(nn.Module):
@@ -101,8 +123,9 @@ class MetaFormerMlp(nn.Module):
     ``norm``, ``fc2``).
     """
 
-    def __init__(self, dims: int, hidden: int, active: int, act_cfg: dict,
-                 hidden_norm_cfg: Optional[dict]):
+    def __init__(
+        self, dims: int, hidden: int, active: int, act_cfg: dict, hidden_norm_cfg: Optional[dict]
+    ):
         super().__init__()
         self.active = active
         self.fc1 = nn.Linear(dims, hidden, bias=False)
@@ -129,9 +152,17 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
 
     fold_state_keys = ('ffn.in_proj.weight', 'mlp.fc1.weight')  # see check_fold_state
 
-    def __init__(self, dims: int, token_mixer: nn.Module, idle_ratio: float, res_scale: bool,
-                 drop_path_rate: float = 0., with_cp: bool = False, deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        dims: int,
+        token_mixer: nn.Module,
+        idle_ratio: float,
+        res_scale: bool,
+        drop_path_rate: float = 0.0,
+        with_cp: bool = False,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         self.with_cp = with_cp
         self.deploy = deploy
@@ -145,8 +176,13 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
             return
         hidden = MLP_RATIO * dims
         self.norm2 = build_norm_layer(ffn_cfg['norm_cfg'], dims)[1]
-        self.mlp = MetaFormerMlp(dims, hidden, num_active_channels(hidden, idle_ratio),
-                                 ffn_cfg['act_cfg'], ffn_cfg['hidden_norm_cfg'])
+        self.mlp = MetaFormerMlp(
+            dims,
+            hidden,
+            num_active_channels(hidden, idle_ratio),
+            ffn_cfg['act_cfg'],
+            ffn_cfg['hidden_norm_cfg'],
+        )
         self.res_scale2 = ResScale(dims) if res_scale else None
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -173,8 +209,9 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
         """The norms the MLP branch's fold reads must have finite running statistics."""
         if self.deploy:
             return []
-        return norm_fold_problems(self.norm2, 'norm2') + norm_fold_problems(self.mlp.norm,
-                                                                             'mlp.norm')
+        return norm_fold_problems(self.norm2, 'norm2') + norm_fold_problems(
+            self.mlp.norm, 'mlp.norm'
+        )
 
     @torch.no_grad()
     def reparameterize(self) -> None:
@@ -182,9 +219,14 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
         if self.deploy:
             return
         ffn = ChannelIdleFFN.from_modules(
-            self.norm2, self.mlp.fc1, self.mlp.act, self.mlp.fc2, self.mlp.active,
+            self.norm2,
+            self.mlp.fc1,
+            self.mlp.act,
+            self.mlp.fc2,
+            self.mlp.active,
             hidden_norm=self.mlp.norm,
-            res_scale=self.res_scale2.scale if self.res_scale2 is not None else None)
+            res_scale=self.res_scale2.scale if self.res_scale2 is not None else None,
+        )
         ffn.train(self.training).reparameterize()
         del self.norm2, self.mlp, self.res_scale2
         self.ffn = ffn
@@ -194,8 +236,12 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
 class MetaFormerStage(BaseModule):
     """Optional :class:`Downsampling`, then the blocks; (B, H, W, C) in and out."""
 
-    def __init__(self, blocks: Sequence[nn.Module], downsample: Optional[nn.Module] = None,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        blocks: Sequence[nn.Module],
+        downsample: Optional[nn.Module] = None,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         self.downsample = downsample
         self.blocks = ModuleList(blocks)
@@ -216,22 +262,24 @@ class MetaFormer(DenseBackbone):
     configure the attention stages.
     """
 
-    def __init__(self,
-                 arch: Union[str, dict],
-                 token_mixers: Sequence[str],
-                 in_channels: int = 3,
-                 idle_ratio: Union[float, Sequence[float]] = 0.,
-                 window_sizes: Sequence[Optional[int]] = (None, ) * NUM_STAGES,
-                 global_blocks: Sequence[Sequence[int]] = ((), ) * NUM_STAGES,
-                 head_dim: int = 32,
-                 drop_path_rate: float = 0.,
-                 out_norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        arch: Union[str, dict],
+        token_mixers: Sequence[str],
+        in_channels: int = 3,
+        idle_ratio: Union[float, Sequence[float]] = 0.0,
+        window_sizes: Sequence[Optional[int]] = (None,) * NUM_STAGES,
+        global_blocks: Sequence[Sequence[int]] = ((),) * NUM_STAGES,
+        head_dim: int = 32,
+        drop_path_rate: float = 0.0,
+        out_norm_cfg: dict = dict(type='LN', eps=1e-6),
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        with_cp: bool = False,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         arch = resolve_arch(arch)
         depths, self.num_features = arch['depths'], list(arch['dims'])
@@ -240,8 +288,10 @@ class MetaFormer(DenseBackbone):
         self.idle_ratios = _per_stage(idle_ratio, 'idle_ratio')
         for r in self.idle_ratios:
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
-                raise ConfigError(f'idle_ratio must be in [0, 1] (one value or one per stage; 0 is '
-                                  f'the published model), got {idle_ratio}')
+                raise ConfigError(
+                    f'idle_ratio must be in [0, 1] (one value or one per stage; 0 is '
+                    f'the published model), got {idle_ratio}'
+                )
 
         self.stem = Stem(in_channels, self.num_features[0])
         # linear from 0 to drop_path_rate over all blocks (plain Python: works on any device)
@@ -257,10 +307,17 @@ class MetaFormer(DenseBackbone):
                 else:
                     window = None if j in global_blocks[i] else window_sizes[i]
                     mixer = WindowedSelfAttention(dims, head_dim=head_dim, window_size=window)
-                blocks.append(MetaFormerBlock(
-                    dims, mixer, idle_ratio=self.idle_ratios[i],
-                    res_scale=i in RES_SCALE_STAGES, drop_path_rate=dpr[sum(depths[:i]) + j],
-                    with_cp=with_cp, deploy=deploy))
+                blocks.append(
+                    MetaFormerBlock(
+                        dims,
+                        mixer,
+                        idle_ratio=self.idle_ratios[i],
+                        res_scale=i in RES_SCALE_STAGES,
+                        drop_path_rate=dpr[sum(depths[:i]) + j],
+                        with_cp=with_cp,
+                        deploy=deploy,
+                    )
+                )
             downsample = Downsampling(self.num_features[i - 1], dims) if i > 0 else None
             self.stages.append(MetaFormerStage(blocks, downsample))
         self._setup_outputs(out_norm_cfg)
@@ -293,13 +350,16 @@ def _window_sizes(window_size, token_mixers) -> list:
     for i, (size, mixer) in enumerate(zip(sizes, token_mixers)):
         if mixer != 'attn':
             if isinstance(window_size, (list, tuple)) and size is not None:
-                raise ConfigError(f'window_size {tuple(window_size)}: stage {i + 1} has no '
-                                  f'attention (SepConv); give None there')
+                raise ConfigError(
+                    f'window_size {tuple(window_size)}: stage {i + 1} has no '
+                    f'attention (SepConv); give None there'
+                )
             sizes[i] = None
-        elif size is not None and (isinstance(size, bool) or not isinstance(size, int) or
-                                   size < 1):
-            raise ConfigError(f'window_size must be None (global attention) or an integer >= 1, '
-                              f'one value or one per stage; got {window_size!r}')
+        elif size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ConfigError(
+                f'window_size must be None (global attention) or an integer >= 1, '
+                f'one value or one per stage; got {window_size!r}'
+            )
     return sizes
 
 
@@ -307,17 +367,22 @@ def _global_blocks(global_blocks, depths, token_mixers) -> list:
     if global_blocks is None:
         return [()] * NUM_STAGES
     if not isinstance(global_blocks, (list, tuple)) or len(global_blocks) != NUM_STAGES:
-        raise ConfigError(f'global_blocks must give a sequence of block indices for each of the '
-                          f'{NUM_STAGES} stages, e.g. ((), (), (8, ), ()), got {global_blocks!r}')
+        raise ConfigError(
+            f'global_blocks must give a sequence of block indices for each of the '
+            f'{NUM_STAGES} stages, e.g. ((), (), (8, ), ()), got {global_blocks!r}'
+        )
     for i, indices in enumerate(global_blocks):
         indices = tuple(indices or ())
         if indices and token_mixers[i] != 'attn':
-            raise ConfigError(f'global_blocks: stage {i + 1} has no attention (SepConv); give () '
-                              'there')
+            raise ConfigError(
+                f'global_blocks: stage {i + 1} has no attention (SepConv); give () there'
+            )
         for j in indices:
             if not 0 <= j < depths[i]:
-                raise ConfigError(f'global_blocks: block {j} does not exist in stage {i + 1}, '
-                                  f'which has {depths[i]} blocks (indices 0..{depths[i] - 1})')
+                raise ConfigError(
+                    f'global_blocks: block {j} does not exist in stage {i + 1}, '
+                    f'which has {depths[i]} blocks (indices 0..{depths[i] - 1})'
+                )
     return [tuple(ix or ()) for ix in global_blocks]
 
 
@@ -357,9 +422,11 @@ class ConvFormer(MetaFormer):
     def __init__(self, arch: Union[str, dict] = 's18', **kwargs):
         attention_only = {'window_sizes', 'global_blocks', 'head_dim'} & set(kwargs)
         if attention_only:
-            raise ConfigTypeError(f'ConvFormer has no attention, so no '
-                                  f'{sorted(attention_only)}: use CAFormer for attention stages')
-        super().__init__(arch, ('conv', ) * NUM_STAGES, **kwargs)
+            raise ConfigTypeError(
+                f'ConvFormer has no attention, so no '
+                f'{sorted(attention_only)}: use CAFormer for attention stages'
+            )
+        super().__init__(arch, ('conv',) * NUM_STAGES, **kwargs)
 
 
 @MODELS.register_module()
@@ -383,17 +450,24 @@ class CAFormer(MetaFormer):
         head_dim (int): Channels per attention head. Default: 32.
     """
 
-    def __init__(self,
-                 arch: Union[str, dict] = 's18',
-                 window_size: Union[None, int, Sequence[Optional[int]]] = (None, None, 14, 7),
-                 global_blocks: Optional[Sequence[Sequence[int]]] = None,
-                 head_dim: int = 32,
-                 **kwargs):
+    def __init__(
+        self,
+        arch: Union[str, dict] = 's18',
+        window_size: Union[None, int, Sequence[Optional[int]]] = (None, None, 14, 7),
+        global_blocks: Optional[Sequence[Sequence[int]]] = None,
+        head_dim: int = 32,
+        **kwargs,
+    ):
         mixers = ('conv', 'conv', 'attn', 'attn')
         depths = resolve_arch(arch)['depths']
-        super().__init__(arch, mixers, window_sizes=_window_sizes(window_size, mixers),
-                         global_blocks=_global_blocks(global_blocks, depths, mixers),
-                         head_dim=head_dim, **kwargs)
+        super().__init__(
+            arch,
+            mixers,
+            window_sizes=_window_sizes(window_size, mixers),
+            global_blocks=_global_blocks(global_blocks, depths, mixers),
+            head_dim=head_dim,
+            **kwargs,
+        )
 
 
 _RELEASE_DOWNSAMPLE = re.compile(r'^downsample_layers\.(\d+)\.(pre_norm|post_norm|conv)\.')
@@ -407,13 +481,13 @@ def _from_original_release(state_dict: Dict[str, torch.Tensor]) -> Dict[str, tor
         m = _RELEASE_DOWNSAMPLE.match(k)
         if m:
             i, part = int(m.group(1)), 'conv' if m.group(2) == 'conv' else 'norm'
-            k = (f'stem.{part}.' if i == 0 else f'stages.{i}.downsample.{part}.') + k[m.end():]
+            k = (f'stem.{part}.' if i == 0 else f'stages.{i}.downsample.{part}.') + k[m.end() :]
         elif _RELEASE_BLOCK.match(k):
             k = _RELEASE_BLOCK.sub(r'stages.\1.blocks.\2.', k)
         elif k.startswith('norm.'):  # the classifier's norm; timm calls it head.norm
             k = 'head.' + k
         elif k.startswith('head.'):
-            k = 'head.fc.' + k[len('head.'):]
+            k = 'head.fc.' + k[len('head.') :]
         out[k] = v
     return out
 
@@ -435,7 +509,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: MetaFormer)
     out = {}
     for k, v in state_dict.items():
         if k.startswith('head.norm.') and model.has_output_norm(model.num_stages - 1):
-            k = last_norm + k[len('head.norm'):]
+            k = last_norm + k[len('head.norm') :]
         out[k] = v  # the classifier (head.fc.*) is left in, to be reported as unused
     own = model.state_dict()
     for k, v in out.items():

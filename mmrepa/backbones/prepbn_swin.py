@@ -4,6 +4,7 @@ Every norm inside the network is a :class:`~mmrepa.layers.PRepBN`; at test time 
 its neighbour (``qkv``, ``fc1``, the patch-merging reduction, the patch-embedding conv), so the
 folded backbone has no norm left but the LayerNorms on its outputs.
 """
+
 import re
 from typing import Dict, List, Sequence, Union
 
@@ -59,21 +60,28 @@ class PRepBNSwin(RePaSwin):
     Input (B, in_channels, H, W) of any size; outputs as :class:`RePaSwin`.
     """
 
-    def __init__(self,
-                 arch: Union[str, dict, None] = None,
-                 idle_ratio: Union[float, Sequence[float]] = 0.,
-                 prepbn_cfg: dict = dict(type='PRepBN'),
-                 **kwargs):
+    def __init__(
+        self,
+        arch: Union[str, dict, None] = None,
+        idle_ratio: Union[float, Sequence[float]] = 0.0,
+        prepbn_cfg: dict = dict(type='PRepBN'),
+        **kwargs,
+    ):
         for key in ('norm_cfg', 'ffn_norm'):
             if key in kwargs:
-                raise ConfigError(f'PRepBNSwin sets {key} itself (every norm inside the network is '
-                                  f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin')
+                raise ConfigError(
+                    f'PRepBNSwin sets {key} itself (every norm inside the network is '
+                    f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin'
+                )
         if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
-            raise ConfigError(f'prepbn_cfg must build a norm that is affine at inference '
-                              f"(PRepBN, RepBN), got {prepbn_cfg}")
+            raise ConfigError(
+                f'prepbn_cfg must build a norm that is affine at inference '
+                f'(PRepBN, RepBN), got {prepbn_cfg}'
+            )
         # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
-        super().__init__(arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg,
-                         **kwargs)
+        super().__init__(
+            arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg, **kwargs
+        )
         # In eval mode a RepBN does not normalise until its statistics are learned; with
         # PyTorch's default Linear init the residual stream then grows so large that the
         # attention turns chaotic. Start from Swin's init (init_weights applies it again or
@@ -99,23 +107,28 @@ class PRepBNSwin(RePaSwin):
                 f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
                 'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
                 'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
-                'or load a PRepBN checkpoint.')
-        print_log(f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
-                  f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
-                  'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
-                  'evaluating: eval mode uses the RepBN branch only.',
-                  logger='current', level=30)
+                'or load a PRepBN checkpoint.'
+            )
+        print_log(
+            f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
+            f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
+            'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
+            'evaluating: eval mode uses the RepBN branch only.',
+            logger='current',
+            level=30,
+        )
         return ['*.lam', '*.repbn.*']
 
 
 # SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
 _LINEAR_NORM_KEY = re.compile(
-    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$')
+    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$'
+)
 
 
 def _from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step."""
-    prefixes = {k[:-len('.norm2.alpha')] for k in state_dict if k.endswith('.norm2.alpha')}
+    prefixes = {k[: -len('.norm2.alpha')] for k in state_dict if k.endswith('.norm2.alpha')}
     out, steps = {}, {}
     for k, v in state_dict.items():
         m = _LINEAR_NORM_KEY.match(k)
@@ -126,9 +139,13 @@ def _from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Te
         if rest in ('iter', 'total_step'):
             steps.setdefault(prefix, {})[rest] = float(v)
             continue
-        rest = (rest.replace('norm1.', 'ln.', 1) if rest.startswith('norm1.') else
-                rest.replace('norm2.bn.', 'repbn.bn.', 1) if rest.startswith('norm2.bn.') else
-                'repbn.eta')
+        rest = (
+            rest.replace('norm1.', 'ln.', 1)
+            if rest.startswith('norm1.')
+            else rest.replace('norm2.bn.', 'repbn.bn.', 1)
+            if rest.startswith('norm2.bn.')
+            else 'repbn.eta'
+        )
         out[f'{prefix}.{rest}'] = v
     for prefix, s in steps.items():
         if s.get('total_step'):
@@ -137,8 +154,9 @@ def _from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Te
     return out
 
 
-def prepbn_checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
-                                model: PRepBNSwin) -> Dict[str, torch.Tensor]:
+def prepbn_checkpoint_filter_fn(
+    state_dict: Dict[str, torch.Tensor], model: PRepBNSwin
+) -> Dict[str, torch.Tensor]:
     """Convert a Swin-family state dict to :class:`PRepBNSwin` names.
 
     Understands everything :func:`~mmrepa.backbones.repa_swin.checkpoint_filter_fn` does

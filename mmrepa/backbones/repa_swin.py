@@ -3,6 +3,7 @@
 With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly mmdet's ``SwinTransformer`` and
 loads its checkpoints unchanged.
 """
+
 import math
 import re
 import warnings
@@ -16,10 +17,16 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
-from ..fold import (Reparameterizable, fold_dtype, is_affine_norm, norm_affine,
-                    norm_fold_problems)
-from ..layers import (ChannelIdleFFN, FoldablePatchEmbed, FoldablePatchMerging, ShiftWindowMSA,
-                      channels_last_norm, checkpoint_forward, shifted_window_mask)
+from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine, norm_fold_problems
+from ..layers import (
+    ChannelIdleFFN,
+    FoldablePatchEmbed,
+    FoldablePatchMerging,
+    ShiftWindowMSA,
+    channels_last_norm,
+    checkpoint_forward,
+    shifted_window_mask,
+)
 from ..registry import build_norm_layer
 from .base import DenseBackbone, lookup_arch, trunc_normal_init_
 
@@ -36,16 +43,23 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'tiny' | 'small' | 'base'`` (or t/s/b) or an explicit dict -> arch settings."""
     arch = lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'depths', 'num_heads'), ARCH_ALIASES)
     if len(arch['depths']) != len(arch['num_heads']):
-        raise ConfigError(f"arch depths {arch['depths']} and num_heads {arch['num_heads']} "
-                          'must have one entry per stage')
+        raise ConfigError(
+            f'arch depths {arch["depths"]} and num_heads {arch["num_heads"]} '
+            'must have one entry per stage'
+        )
     return arch
 
 
 # mmdet SwinTransformer arguments RePaSwin accepts, so that a config can switch a Swin backbone's
 # type without `_delete_=True`; the arch ones override ``arch``.
 MMDET_ARCH_ARGS = ('embed_dims', 'depths', 'num_heads')
-MMDET_OTHER_ARGS = ('pretrain_img_size', 'strides', 'use_abs_pos_embed', 'convert_weights',
-                    'pretrained')
+MMDET_OTHER_ARGS = (
+    'pretrain_img_size',
+    'strides',
+    'use_abs_pos_embed',
+    'convert_weights',
+    'pretrained',
+)
 
 
 def _arch_with_overrides(arch: Union[str, dict, None], overrides: dict) -> dict:
@@ -64,7 +78,8 @@ def _arch_with_overrides(arch: Union[str, dict, None], overrides: dict) -> dict:
             f'arch={arch!r} has {", ".join(f"{k}={settings[k]}" for k in clash)} but '
             f'{", ".join(f"{k}={v}" for k, v in clash.items())} was also given (mmdet '
             'SwinTransformer arguments, perhaps inherited from a base config): drop one of '
-            'them, or replace the inherited backbone with _delete_=True')
+            'them, or replace the inherited backbone with _delete_=True'
+        )
     return settings
 
 
@@ -72,28 +87,36 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _translate_mmdet_swin_args(args: dict, patch_size: int,
-                               init_cfg: Optional[dict]) -> Optional[dict]:
+def _translate_mmdet_swin_args(
+    args: dict, patch_size: int, init_cfg: Optional[dict]
+) -> Optional[dict]:
     """Check mmdet SwinTransformer's other arguments; returns the ``init_cfg`` to use."""
     unknown = set(args) - set(MMDET_ARCH_ARGS) - set(MMDET_OTHER_ARGS)
     if unknown:
         raise ConfigTypeError(f'RePaSwin got unexpected arguments {sorted(unknown)}')
     if args.get('use_abs_pos_embed'):
-        raise ConfigError('RePaSwin has no absolute position embedding (use_abs_pos_embed=True); '
-                          'it uses relative position bias only, as mmdet\'s Swin by default')
+        raise ConfigError(
+            'RePaSwin has no absolute position embedding (use_abs_pos_embed=True); '
+            "it uses relative position bias only, as mmdet's Swin by default"
+        )
     strides = args.get('strides')
-    if strides is not None and tuple(strides) != (patch_size, ) + (2, ) * (len(strides) - 1):
-        raise ConfigError(f'strides={tuple(strides)}: RePaSwin embeds patches with stride '
-                          f'patch_size (={patch_size}) and merges 2x2 patches between stages; '
-                          'set patch_size instead')
+    if strides is not None and tuple(strides) != (patch_size,) + (2,) * (len(strides) - 1):
+        raise ConfigError(
+            f'strides={tuple(strides)}: RePaSwin embeds patches with stride '
+            f'patch_size (={patch_size}) and merges 2x2 patches between stages; '
+            'set patch_size instead'
+        )
     # pretrain_img_size only sizes mmdet's absolute position embedding, which is off; the
     # checkpoint layout (convert_weights) is recognised from the keys.
     pretrained = args.get('pretrained')
     if pretrained is not None:
         if init_cfg is not None:
             raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
-        warnings.warn('pretrained is deprecated (as in mmdet): use '
-                      "init_cfg=dict(type='Pretrained', checkpoint=...)")
+        warnings.warn(
+            'pretrained is deprecated (as in mmdet): use '
+            "init_cfg=dict(type='Pretrained', checkpoint=...)",
+            stacklevel=3,
+        )
         init_cfg = dict(type='Pretrained', checkpoint=pretrained)
     return init_cfg
 
@@ -102,8 +125,10 @@ def per_stage(value, num_stages: int, name: str) -> list:
     """A scalar for every stage, or a sequence with one value per stage."""
     if isinstance(value, (list, tuple)):
         if len(value) != num_stages:
-            raise ConfigError(f'{name} has {len(value)} entries but the arch has {num_stages} '
-                              f'stages; give one value or one per stage')
+            raise ConfigError(
+                f'{name} has {len(value)} entries but the arch has {num_stages} '
+                f'stages; give one value or one per stage'
+            )
         return list(value)
     return [value] * num_stages
 
@@ -119,11 +144,24 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
     Input and output (B, H*W, C) with ``hw_shape = (H, W)``.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, window_size: int, shift: bool,
-                 ffn_cfg: dict, qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.,
-                 norm_cfg: dict = dict(type='LN'), attn_type: str = 'S', with_cp: bool = False,
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int,
+        window_size: int,
+        shift: bool,
+        ffn_cfg: dict,
+        qkv_bias: bool = True,
+        qk_scale: Optional[float] = None,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        norm_cfg: dict = dict(type='LN'),
+        attn_type: str = 'S',
+        with_cp: bool = False,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         self.with_cp = with_cp
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
@@ -131,22 +169,31 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
         if norm_folded:
             self.norm1 = None
         self.deploy = deploy
-        self.attn = ShiftWindowMSA(embed_dims, num_heads, window_size,
-                                   shift_size=window_size // 2 if shift else 0,
-                                   qkv_bias=qkv_bias, qk_scale=qk_scale,
-                                   attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate,
-                                   drop_path_rate=drop_path_rate, attn_type=attn_type,
-                                   norm_folded=norm_folded)
-        self.ffn = ChannelIdleFFN(embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate,
-                                  **ffn_cfg)
+        self.attn = ShiftWindowMSA(
+            embed_dims,
+            num_heads,
+            window_size,
+            shift_size=window_size // 2 if shift else 0,
+            qkv_bias=qkv_bias,
+            qk_scale=qk_scale,
+            attn_drop_rate=attn_drop_rate,
+            proj_drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate,
+            attn_type=attn_type,
+            norm_folded=norm_folded,
+        )
+        self.ffn = ChannelIdleFFN(
+            embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate, **ffn_cfg
+        )
 
     def _forward(self, x, hw_shape, mask):
         y = x if self.norm1 is None else channels_last_norm(self.norm1, x)
         x = x + self.attn(y, hw_shape, mask)
         return self.ffn(x)
 
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, hw_shape: Tuple[int, int], mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         if self.with_cp:
             return checkpoint_forward(self, self._forward, x, hw_shape, mask)
         return self._forward(x, hw_shape, mask)
@@ -168,16 +215,32 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
 class RePaSwinStage(BaseModule):
     """``depth`` blocks alternating plain and shifted windows, then optional patch merging."""
 
-    def __init__(self, embed_dims: int, depth: int, num_heads: int, window_size: int,
-                 drop_path_rates: Sequence[float], downsample: Optional[nn.Module] = None,
-                 init_cfg: Optional[dict] = None, **block_kwargs):
+    def __init__(
+        self,
+        embed_dims: int,
+        depth: int,
+        num_heads: int,
+        window_size: int,
+        drop_path_rates: Sequence[float],
+        downsample: Optional[nn.Module] = None,
+        init_cfg: Optional[dict] = None,
+        **block_kwargs,
+    ):
         super().__init__(init_cfg=init_cfg)
         self.window_size = window_size
-        self.blocks = ModuleList([
-            RePaSwinBlock(embed_dims, num_heads, window_size, shift=i % 2 == 1,
-                          drop_path_rate=drop_path_rates[i], **block_kwargs)
-            for i in range(depth)
-        ])
+        self.blocks = ModuleList(
+            [
+                RePaSwinBlock(
+                    embed_dims,
+                    num_heads,
+                    window_size,
+                    shift=i % 2 == 1,
+                    drop_path_rate=drop_path_rates[i],
+                    **block_kwargs,
+                )
+                for i in range(depth)
+            ]
+        )
         self.downsample = downsample
         self._mask_cache = None
 
@@ -263,32 +326,34 @@ class RePaSwin(DenseBackbone):
 
     stem_name = 'patch_embed'
 
-    def __init__(self,
-                 arch: Union[str, dict, None] = None,
-                 in_channels: int = 3,
-                 patch_size: int = 4,
-                 window_size: int = 7,
-                 mlp_ratio: float = 4.,
-                 idle_ratio: Union[float, Sequence[float]] = 0.75,
-                 ffn_norm: str = 'BN',
-                 attn_types: Optional[str] = None,
-                 linear_window_sizes: Union[int, Sequence[int]] = (56, 28, 14, 7),
-                 qkv_bias: bool = True,
-                 qk_scale: Optional[float] = None,
-                 patch_norm: bool = True,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.1,
-                 act_cfg: dict = dict(type='GELU'),
-                 norm_cfg: dict = dict(type='LN'),
-                 out_norm_cfg: dict = dict(type='LN'),
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None,
-                 **mmdet_swin_args):
+    def __init__(
+        self,
+        arch: Union[str, dict, None] = None,
+        in_channels: int = 3,
+        patch_size: int = 4,
+        window_size: int = 7,
+        mlp_ratio: float = 4.0,
+        idle_ratio: Union[float, Sequence[float]] = 0.75,
+        ffn_norm: str = 'BN',
+        attn_types: Optional[str] = None,
+        linear_window_sizes: Union[int, Sequence[int]] = (56, 28, 14, 7),
+        qkv_bias: bool = True,
+        qk_scale: Optional[float] = None,
+        patch_norm: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        act_cfg: dict = dict(type='GELU'),
+        norm_cfg: dict = dict(type='LN'),
+        out_norm_cfg: dict = dict(type='LN'),
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        with_cp: bool = False,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+        **mmdet_swin_args,
+    ):
         init_cfg = _translate_mmdet_swin_args(mmdet_swin_args, patch_size, init_cfg)
         super().__init__(init_cfg=init_cfg)
         arch = _arch_with_overrides(arch, mmdet_swin_args)
@@ -303,44 +368,78 @@ class RePaSwin(DenseBackbone):
         idle_ratios = per_stage(idle_ratio, self.num_stages, 'idle_ratio')
         for r in idle_ratios:
             if not 0.0 <= r <= 1.0:
-                raise ConfigError(f'idle_ratio must be in [0, 1] (one value or one per stage), '
-                                  f'got {idle_ratio}')
+                raise ConfigError(
+                    f'idle_ratio must be in [0, 1] (one value or one per stage), got {idle_ratio}'
+                )
         if ffn_norm not in ('BN', 'LN'):
             raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
-        ffn_norms = ((dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else
-                     (norm_cfg, None))
+        ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)
         self.attn_types = attn_types or 'S' * self.num_stages
         if len(self.attn_types) != self.num_stages or set(self.attn_types) - set('SL'):
-            raise ConfigError(f"attn_types must have one letter per stage ({self.num_stages}), "
-                              f"'S' (softmax window attention) or 'L' (simplified linear "
-                              f"attention), e.g. 'LLSS'; got {attn_types!r}")
+            raise ConfigError(
+                f'attn_types must have one letter per stage ({self.num_stages}), '
+                f"'S' (softmax window attention) or 'L' (simplified linear "
+                f"attention), e.g. 'LLSS'; got {attn_types!r}"
+            )
         window_sizes = [window_size] * self.num_stages
         if 'L' in self.attn_types:
             linear = per_stage(linear_window_sizes, self.num_stages, 'linear_window_sizes')
-            window_sizes = [lw if t == 'L' else window_size
-                            for t, lw in zip(self.attn_types, linear)]
+            window_sizes = [
+                lw if t == 'L' else window_size for t, lw in zip(self.attn_types, linear)
+            ]
 
         self.patch_embed = FoldablePatchEmbed(
-            in_channels=in_channels, embed_dims=self.embed_dims, conv_type='Conv2d',
-            kernel_size=patch_size, stride=patch_size,
-            norm_cfg=norm_cfg if patch_norm else None, deploy=deploy)
+            in_channels=in_channels,
+            embed_dims=self.embed_dims,
+            conv_type='Conv2d',
+            kernel_size=patch_size,
+            stride=patch_size,
+            norm_cfg=norm_cfg if patch_norm else None,
+            deploy=deploy,
+        )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.stages = ModuleList()
         for i, depth in enumerate(depths):
             dims = self.num_features[i]
-            downsample = (FoldablePatchMerging(in_channels=dims, out_channels=2 * dims, stride=2,
-                                               norm_cfg=norm_cfg if patch_norm else None,
-                                               deploy=deploy)
-                          if i < self.num_stages - 1 else None)
-            ffn_cfg = dict(mlp_ratio=mlp_ratio, idle_ratio=idle_ratios[i], norm_cfg=ffn_norms[0],
-                           hidden_norm_cfg=ffn_norms[1], act_cfg=act_cfg, deploy=deploy)
-            self.stages.append(RePaSwinStage(
-                dims, depth, num_heads[i], window_sizes[i],
-                drop_path_rates=dpr[sum(depths[:i]):sum(depths[:i + 1])],
-                downsample=downsample, ffn_cfg=ffn_cfg, qkv_bias=qkv_bias, qk_scale=qk_scale,
-                drop_rate=drop_rate, attn_drop_rate=attn_drop_rate, norm_cfg=norm_cfg,
-                attn_type=self.attn_types[i], with_cp=with_cp, deploy=deploy))
+            downsample = (
+                FoldablePatchMerging(
+                    in_channels=dims,
+                    out_channels=2 * dims,
+                    stride=2,
+                    norm_cfg=norm_cfg if patch_norm else None,
+                    deploy=deploy,
+                )
+                if i < self.num_stages - 1
+                else None
+            )
+            ffn_cfg = dict(
+                mlp_ratio=mlp_ratio,
+                idle_ratio=idle_ratios[i],
+                norm_cfg=ffn_norms[0],
+                hidden_norm_cfg=ffn_norms[1],
+                act_cfg=act_cfg,
+                deploy=deploy,
+            )
+            self.stages.append(
+                RePaSwinStage(
+                    dims,
+                    depth,
+                    num_heads[i],
+                    window_sizes[i],
+                    drop_path_rates=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    downsample=downsample,
+                    ffn_cfg=ffn_cfg,
+                    qkv_bias=qkv_bias,
+                    qk_scale=qk_scale,
+                    drop_rate=drop_rate,
+                    attn_drop_rate=attn_drop_rate,
+                    norm_cfg=norm_cfg,
+                    attn_type=self.attn_types[i],
+                    with_cp=with_cp,
+                    deploy=deploy,
+                )
+            )
         self._setup_outputs(out_norm_cfg)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -355,13 +454,14 @@ class RePaSwin(DenseBackbone):
             x, hw_shape, out, out_shape = stage(x, hw_shape)
             if i in self.out_indices:
                 out = channels_last_norm(getattr(self, f'norm{i}'), out)
-                outs.append(out.view(-1, *out_shape, self.num_features[i])
-                            .permute(0, 3, 1, 2).contiguous())
+                outs.append(
+                    out.view(-1, *out_shape, self.num_features[i]).permute(0, 3, 1, 2).contiguous()
+                )
         return tuple(outs)
 
     def _default_init(self):
         """Swin's initialisation: truncated-normal Linear weights, identity norms."""
-        trunc_normal_init_(self, (nn.Linear, ))
+        trunc_normal_init_(self, (nn.Linear,))
 
     def filter_checkpoint(self, state_dict):
         """Any Swin layout in RePaSwin names; see :func:`checkpoint_filter_fn`."""
@@ -387,16 +487,20 @@ def _from_original_swin(state_dict: Dict[str, torch.Tensor], model: RePaSwin) ->
             continue
         if k.startswith('norm.'):
             if model.has_output_norm(model.num_stages - 1):  # the classifier's final norm
-                out[last_norm + k[len('norm'):]] = v
+                out[last_norm + k[len('norm') :]] = v
             continue
         k = k.replace('patch_embed.proj.', 'patch_embed.projection.')
         if k.startswith('layers.'):
             stage = int(k.split('.')[1])
-            k = 'stages.' + k[len('layers.'):]
+            k = 'stages.' + k[len('layers.') :]
             k = k.replace('.attn.', '.attn.w_msa.').replace('.mlp.', '.ffn.')
             # per-merged-channel tensors (weights, norm statistics) change order; scalars don't
-            if ('.downsample.' in k and v.dim() >= 1 and stage < model.num_stages and
-                    v.shape[-1] == 4 * model.num_features[stage]):
+            if (
+                '.downsample.' in k
+                and v.dim() >= 1
+                and stage < model.num_stages
+                and v.shape[-1] == 4 * model.num_features[stage]
+            ):
                 v = _unfold_order(v)
         out[k] = v
     return out

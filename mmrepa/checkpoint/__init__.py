@@ -1,6 +1,11 @@
 from ..errors import CheckpointError, MissingKeysError
-from .loading import (LoadReport, check_shapes, load_state_dict_checked, read_state_dict,
-                      strip_prefixes)
+from .loading import (
+    LoadReport,
+    check_shapes,
+    load_state_dict_checked,
+    read_state_dict,
+    strip_prefixes,
+)
 from .restricted_load import ForeignGlobalError, RefusedCheckpointError, load_restricted
 from .safe_globals import allow_mmengine_checkpoints
 from .saving import check_output_path, save_atomically
@@ -9,9 +14,23 @@ from .stand_ins import ForeignConfig, ForeignNamespace
 from .validation import check_checkpoint, check_state_dict
 
 __all__ = [
-    'LoadReport', 'check_shapes', 'load_state_dict_checked', 'read_state_dict', 'strip_prefixes',
-    'allow_mmengine_checkpoints', 'CheckpointError', 'MissingKeysError', 'ForeignConfig',
-    'ForeignGlobalError', 'ForeignNamespace', 'RefusedCheckpointError', 'install_restricted_loader',
-    'load_checkpoint_file', 'load_restricted', 'check_checkpoint', 'check_state_dict',
-    'check_output_path', 'save_atomically'
+    'LoadReport',
+    'check_shapes',
+    'load_state_dict_checked',
+    'read_state_dict',
+    'strip_prefixes',
+    'allow_mmengine_checkpoints',
+    'CheckpointError',
+    'MissingKeysError',
+    'ForeignConfig',
+    'ForeignGlobalError',
+    'ForeignNamespace',
+    'RefusedCheckpointError',
+    'install_restricted_loader',
+    'load_checkpoint_file',
+    'load_restricted',
+    'check_checkpoint',
+    'check_state_dict',
+    'check_output_path',
+    'save_atomically',
 ]

@@ -3,6 +3,7 @@
 ``strict=False`` hides renamed keys and missing BatchNorm statistics (SPEC §5); these helpers
 report missing and unexpected keys by name and refuse to leave a core weight uninitialised.
 """
+
 import fnmatch
 from typing import Dict, Iterable, List, NamedTuple
 
@@ -18,9 +19,10 @@ from .validation import EMA_KEYS, WEIGHT_KEYS, check_state_dict  # noqa: F401 (r
 
 class LoadReport(NamedTuple):
     """Outcome of :func:`load_state_dict_checked`: keys by name."""
+
     loaded: List[str]
-    missing: List[str]        # allowed to be missing, left as initialised
-    unexpected: List[str]     # in the checkpoint, not used
+    missing: List[str]  # allowed to be missing, left as initialised
+    unexpected: List[str]  # in the checkpoint, not used
 
 
 def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Tensor]:
@@ -34,14 +36,17 @@ def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Ten
     # every scheme's loader is mmrepa's (schemes.py): restricted, then checked (validation.py)
     ckpt = CheckpointLoader.load_checkpoint(filename, map_location='cpu')
     if not isinstance(ckpt, dict):
-        raise CheckpointError(f'{filename} holds a {type(ckpt).__name__}, not a state dict or a '
-                         'checkpoint dict')
+        raise CheckpointError(
+            f'{filename} holds a {type(ckpt).__name__}, not a state dict or a checkpoint dict'
+        )
     if use_ema:
-        keys = EMA_KEYS + (('state_dict', ) if 'ema_state_dict' in ckpt else ())
+        keys = EMA_KEYS + (('state_dict',) if 'ema_state_dict' in ckpt else ())
         found = [k for k in keys if isinstance(ckpt.get(k), dict)]
         if not found:
-            raise MissingKeysError(f'{filename} has no EMA weights (its keys: {sorted(ckpt)[:12]}); '
-                           'load it without use_ema')
+            raise MissingKeysError(
+                f'{filename} has no EMA weights (its keys: {sorted(ckpt)[:12]}); '
+                'load it without use_ema'
+            )
         return ckpt[found[0]]
     for key in WEIGHT_KEYS:
         if isinstance(ckpt.get(key), dict):
@@ -52,11 +57,13 @@ def read_state_dict(filename: str, use_ema: bool = False) -> Dict[str, torch.Ten
 def strip_prefixes(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Drop ``module.`` (DDP) prefixes; of a whole detector/segmentor keep the backbone only."""
     check_state_dict(state_dict, 'the state dict')  # a dict built in memory, not read from a file
-    state_dict = {k[len('module.'):] if k.startswith('module.') else k: v
-                  for k, v in state_dict.items()}
+    state_dict = {
+        k[len('module.') :] if k.startswith('module.') else k: v for k, v in state_dict.items()
+    }
     if any(k.startswith('backbone.') for k in state_dict):
-        state_dict = {k[len('backbone.'):]: v for k, v in state_dict.items()
-                      if k.startswith('backbone.')}
+        state_dict = {
+            k[len('backbone.') :]: v for k, v in state_dict.items() if k.startswith('backbone.')
+        }
     return state_dict
 
 
@@ -66,8 +73,12 @@ def _shorten(keys: Iterable[str], limit: int = 12) -> str:
     return ', '.join(keys[:limit]) + more
 
 
-def check_shapes(module: nn.Module, state_dict: Dict[str, torch.Tensor], prefix: str = '',
-                 source: str = 'checkpoint') -> None:
+def check_shapes(
+    module: nn.Module,
+    state_dict: Dict[str, torch.Tensor],
+    prefix: str = '',
+    source: str = 'checkpoint',
+) -> None:
     """Raise on the first tensor of ``state_dict`` whose shape differs from ``module``'s.
 
     ``prefix``: where ``module`` sits in ``state_dict`` (``'backbone.'`` in a detector's).
@@ -79,13 +90,16 @@ def check_shapes(module: nn.Module, state_dict: Dict[str, torch.Tensor], prefix:
                 f'{source} does not fit this model: {prefix}{key} has shape '
                 f'{tuple(value.shape)} in the checkpoint but {tuple(param.shape)} in the model. '
                 f'Is it a checkpoint of another arch (embed_dims, depths, idle_ratio, '
-                f'window_size)?')
+                f'window_size)?'
+            )
 
 
-def load_state_dict_checked(module: nn.Module,
-                            state_dict: Dict[str, torch.Tensor],
-                            may_be_missing: Iterable[str] = (),
-                            source: str = 'checkpoint') -> LoadReport:
+def load_state_dict_checked(
+    module: nn.Module,
+    state_dict: Dict[str, torch.Tensor],
+    may_be_missing: Iterable[str] = (),
+    source: str = 'checkpoint',
+) -> LoadReport:
     """Load ``state_dict`` into ``module`` and account for every key.
 
     Args:
@@ -111,15 +125,25 @@ def load_state_dict_checked(module: nn.Module,
         raise MissingKeysError(
             f'{source} lacks {len(core)} weight(s) or BatchNorm statistic(s) this model needs: '
             f'{_shorten(core)}. Loading it would leave them at their initial values; check that '
-            f'the checkpoint matches the model (arch, idle_ratio, ffn_norm, deploy).')
+            f'the checkpoint matches the model (arch, idle_ratio, ffn_norm, deploy).'
+        )
     unexpected = [k for k in state_dict if k not in own]
     incompatible = module.load_state_dict(
-        {k: v for k, v in state_dict.items() if k in own}, strict=False)
+        {k: v for k, v in state_dict.items() if k in own}, strict=False
+    )
     assert not incompatible.unexpected_keys
     if missing:
-        print_log(f'{source}: {len(missing)} key(s) not in the checkpoint, left as initialised: '
-                  f'{_shorten(missing)}', logger='current', level=30)
+        print_log(
+            f'{source}: {len(missing)} key(s) not in the checkpoint, left as initialised: '
+            f'{_shorten(missing)}',
+            logger='current',
+            level=30,
+        )
     if unexpected:
-        print_log(f'{source}: {len(unexpected)} key(s) not used by '
-                  f'{type(module).__name__}: {_shorten(unexpected)}', logger='current', level=30)
+        print_log(
+            f'{source}: {len(unexpected)} key(s) not used by '
+            f'{type(module).__name__}: {_shorten(unexpected)}',
+            logger='current',
+            level=30,
+        )
     return LoadReport([k for k in own if k in state_dict], missing, unexpected)

@@ -14,6 +14,7 @@ added for the load only (a plain ``torch.load`` elsewhere in the process keeps r
 Namespace), and anything else registered under one of our names is set aside meanwhile (torch
 would pick one of two entries for a name at random).
 """
+
 import contextlib
 import pickle
 import re
@@ -31,10 +32,14 @@ OUR_GLOBALS = MMENGINE_GLOBALS + FOREIGN_GLOBALS
 _OUR_NAMES = {name for _, name in OUR_GLOBALS}
 _LOCK = threading.RLock()  # torch's safe-globals list is one per process
 
-READS = ('tensors, containers, numbers, strings, numpy data and mmengine records, and rebuilds '
-         'argparse.Namespace, yacs.config.CfgNode and easydict.EasyDict as plain data')
-TRUSTED_WAY = ('If you trust the file, load it once with torch.load(weights_only=False) and save '
-               "the weights alone: torch.save(ckpt['model'], 'weights.pth')")
+READS = (
+    'tensors, containers, numbers, strings, numpy data and mmengine records, and rebuilds '
+    'argparse.Namespace, yacs.config.CfgNode and easydict.EasyDict as plain data'
+)
+TRUSTED_WAY = (
+    'If you trust the file, load it once with torch.load(weights_only=False) and save '
+    "the weights alone: torch.save(ckpt['model'], 'weights.pth')"
+)
 
 
 class RefusedCheckpointError(CheckpointError, pickle.UnpicklingError):
@@ -75,23 +80,35 @@ def _refusal(name: str, err: pickle.UnpicklingError) -> RefusedCheckpointError:
     if found:
         full = found.group(1)  # torch drops the 'builtins.' of builtins
         full = full if '.' in full else f'builtins.{full}'
-        return ForeignGlobalError(f'{name} contains {full}, which mmrepa does not load: it reads '
-                                  f'{READS}. {TRUSTED_WAY}')
+        return ForeignGlobalError(
+            f'{name} contains {full}, which mmrepa does not load: it reads {READS}. {TRUSTED_WAY}'
+        )
     text = message.split('WeightsUnpickler error: ', 1)[-1]
-    boilerplate = ('Weights only load failed', 'In PyTorch 2.6', 'Check the documentation',
-                   'Please file an issue')
-    lines = [line.strip() for line in text.splitlines()
-             if line.strip() and not line.strip().startswith(boilerplate)]
+    boilerplate = (
+        'Weights only load failed',
+        'In PyTorch 2.6',
+        'Check the documentation',
+        'Please file an issue',
+    )
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.strip().startswith(boilerplate)
+    ]
     reason = (lines[0] if lines else type(err).__name__).rstrip('.')
-    return RefusedCheckpointError(f'{name} is refused by the restricted loader ({reason}): '
-                                  f'mmrepa reads {READS}. {TRUSTED_WAY}')
+    return RefusedCheckpointError(
+        f'{name} is refused by the restricted loader ({reason}): '
+        f'mmrepa reads {READS}. {TRUSTED_WAY}'
+    )
 
 
 def _unreadable(name: str, err: BaseException) -> CheckpointError:
     first = str(err).strip().splitlines()[0] if str(err).strip() else ''
-    return CheckpointError(f'{name} is not a readable PyTorch checkpoint ({type(err).__name__}: '
-                           f'{first[:200]}): is it truncated (an interrupted download or copy) or '
-                           'a file of another kind?')
+    return CheckpointError(
+        f'{name} is not a readable PyTorch checkpoint ({type(err).__name__}: '
+        f'{first[:200]}): is it truncated (an interrupted download or copy) or '
+        'a file of another kind?'
+    )
 
 
 def load_restricted(file: Any, name: str, map_location: Any = None) -> Any:
@@ -117,8 +134,10 @@ def load_restricted(file: Any, name: str, map_location: Any = None) -> Any:
     except TypeError as err:  # an allowed class or function called with arguments it refuses
         raise _refusal(name, pickle.UnpicklingError(f'{type(err).__name__}: {err}')) from None
     except RecursionError:
-        raise RefusedCheckpointError(f'{name} nests its data deeper than any checkpoint does '
-                                     '(Python recursion limit); mmrepa does not load it') from None
+        raise RefusedCheckpointError(
+            f'{name} nests its data deeper than any checkpoint does '
+            '(Python recursion limit); mmrepa does not load it'
+        ) from None
     except Exception as err:  # truncated zip, wrong magic number, a text file, ...
         raise _unreadable(name, err) from None
     check_checkpoint(ckpt, name)

@@ -7,6 +7,7 @@ those names, the inert stand-ins of :mod:`.stand_ins` (never the real classes an
 whose code would run with the file's data), so that a plain ``torch.load`` of an mmengine
 checkpoint works after ``import mmrepa``. The check itself stays on: anything else is refused.
 """
+
 import torch
 
 from .stand_ins import MMENGINE_GLOBALS

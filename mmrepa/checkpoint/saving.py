@@ -1,5 +1,6 @@
 """Writing checkpoints the tools produce: never over their input, never half-written. The
 checks and the atomic write are :mod:`mmrepa.utils.files`'s, shared by every tool."""
+
 import torch
 
 
@@ -7,6 +8,7 @@ def check_output_path(out: str, source: str, force: bool = False, tool: str = 'm
     """Refuse ``out`` if it is the checkpoint ``source`` or a link to it, or exists and
     ``force`` is not set (:func:`mmrepa.utils.files.check_outputs` with one input)."""
     from ..utils.files import check_outputs  # mmrepa.utils imports more than `import mmrepa`
+
     check_outputs(tool, [('OUT', out)], [('checkpoint', source)], force=force)
 
 
@@ -16,5 +18,6 @@ def save_atomically(obj, path: str) -> None:
     a truncated file. The file gets the user's mode (umask), as ``torch.save`` to the path
     would give it."""
     from ..utils.files import atomic_output
+
     with atomic_output(path) as tmp:
         torch.save(obj, tmp)

@@ -13,6 +13,7 @@ into a temporary directory; then they hand the file to the one restricted loader
 ``CheckpointLoader`` for every prefix, so ``init_cfg=Pretrained``, ``load_from``, resume,
 ``mmengine.runner.load_checkpoint`` and the tools all read through them.
 """
+
 import io
 import os
 import os.path as osp
@@ -36,8 +37,10 @@ def load_from_local(filename: str, map_location: Any = None) -> Any:
     """A local path (mmengine's fallback for any name without a known prefix)."""
     filename = osp.expanduser(str(filename))
     if not osp.isfile(filename):
-        raise FileNotFoundError(f'checkpoint {filename} does not exist: check the path (see '
-                                "the README's 'Data and checkpoints')")
+        raise FileNotFoundError(
+            f'checkpoint {filename} does not exist: check the path (see '
+            "the README's 'Data and checkpoints')"
+        )
     return load_restricted(filename, filename, map_location)
 
 
@@ -53,8 +56,7 @@ def cached_download(url: str, model_dir: Optional[str] = None) -> str:
     return cached
 
 
-def load_from_http(filename: str, map_location: Any = None, model_dir: Optional[str] = None
-                   ) -> Any:
+def load_from_http(filename: str, map_location: Any = None, model_dir: Optional[str] = None) -> Any:
     """``http(s)://``: as mmengine, local rank 0 downloads first, the others then find it."""
     rank, world_size = get_dist_info()
     if rank == 0:
@@ -68,16 +70,19 @@ def load_from_http(filename: str, map_location: Any = None, model_dir: Optional[
 
 def _named(table: Dict[str, str], name: str, filename: str) -> str:
     if name not in table:
-        raise CheckpointError(f'{filename}: no checkpoint is named {name!r} in mmengine\'s '
-                              'table for this scheme; check the spelling')
+        raise CheckpointError(
+            f"{filename}: no checkpoint is named {name!r} in mmengine's "
+            'table for this scheme; check the spelling'
+        )
     return table[name]
 
 
 def load_from_torchvision(filename: str, map_location: Any = None) -> Any:
     """``torchvision://NAME`` (and the older ``modelzoo://NAME``): torchvision's URL of NAME."""
     name = filename.split('://', 1)[1]
-    return load_from_http(_named(mm_checkpoint.get_torchvision_models(), name, filename),
-                          map_location)
+    return load_from_http(
+        _named(mm_checkpoint.get_torchvision_models(), name, filename), map_location
+    )
 
 
 def load_from_openmmlab(filename: str, map_location: Any = None) -> Any:
@@ -93,9 +98,10 @@ def load_from_openmmlab(filename: str, map_location: Any = None) -> Any:
 
 def load_from_mmcls(filename: str, map_location: Any = None) -> Any:
     """``mmcls://NAME``: the mmcls checkpoint's backbone weights, as mmengine gives them."""
-    name = filename[len('mmcls://'):]
-    checkpoint = load_from_http(_named(mm_checkpoint.get_mmcls_models(), name, filename),
-                                map_location)
+    name = filename[len('mmcls://') :]
+    checkpoint = load_from_http(
+        _named(mm_checkpoint.get_mmcls_models(), name, filename), map_location
+    )
     return mm_checkpoint._process_mmcls_checkpoint(checkpoint)
 
 
@@ -104,9 +110,10 @@ def load_from_pavi(filename: str, map_location: Any = None) -> Any:
     try:
         from pavi import modelcloud
     except ImportError:
-        raise DependencyError(f'{filename}: pavi:// checkpoints need pavi (pip install pavi)'
-                              ) from None
-    model = modelcloud.get(filename[len('pavi://'):])
+        raise DependencyError(
+            f'{filename}: pavi:// checkpoints need pavi (pip install pavi)'
+        ) from None
+    model = modelcloud.get(filename[len('pavi://') :])
     with tempfile.TemporaryDirectory() as tmp_dir:
         downloaded = osp.join(tmp_dir, osp.basename(model.name))
         model.download(downloaded)

@@ -19,6 +19,7 @@ message hub with them); numpy arrays, dtypes and scalars real numpy objects;
 ``HistoryBuffer``, are finished by :func:`finish` after the load, which
 :func:`mmrepa.checkpoint.load_checkpoint_file` calls.
 """
+
 import contextvars
 import math
 import pickle
@@ -44,6 +45,7 @@ def _attributes(state: Any, what: str) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------- foreign release layouts
+
 
 class ForeignNamespace:
     """What an ``argparse.Namespace`` in a checkpoint is rebuilt as: its attributes, as data.
@@ -72,7 +74,8 @@ class ForeignConfig(dict):
 
 # The OrderedDicts that stand for config nodes in the load under way (see ConfigNodeStandIn).
 _CONFIG_NODES: contextvars.ContextVar[Optional[List[OrderedDict]]] = contextvars.ContextVar(
-    'mmrepa_config_nodes', default=None)
+    'mmrepa_config_nodes', default=None
+)
 
 
 class ConfigNodeStandIn:
@@ -85,8 +88,9 @@ class ConfigNodeStandIn:
     def __new__(cls, *args):
         nodes = _CONFIG_NODES.get()
         if nodes is None:
-            refuse('a yacs CfgNode or EasyDict is read only by mmrepa.checkpoint.'
-                   'load_checkpoint_file')
+            refuse(
+                'a yacs CfgNode or EasyDict is read only by mmrepa.checkpoint.load_checkpoint_file'
+            )
         if args:
             refuse('a yacs CfgNode or EasyDict is rebuilt from its items only')
         node = OrderedDict()
@@ -127,9 +131,13 @@ class NumpyDType:
     def __setstate__(self, state: Any) -> None:
         # numpy's state: (version, byte order, subarray, names, fields, elsize, alignment,
         # flags[, metadata]); a numeric dtype has no subarray, names or fields
-        if (getattr(self, 'dtype', None) is None or type(state) is not tuple
-                or len(state) not in (8, 9) or state[1] not in ('<', '>', '|', '=')
-                or state[2:5] != (None, None, None)):
+        if (
+            getattr(self, 'dtype', None) is None
+            or type(state) is not tuple
+            or len(state) not in (8, 9)
+            or state[1] not in ('<', '>', '|', '=')
+            or state[2:5] != (None, None, None)
+        ):
             refuse('the state of a numpy dtype is not that of a numeric dtype')
         self.dtype = self.dtype.newbyteorder(state[1])
 
@@ -159,8 +167,11 @@ class NumpyArray:
             refuse('the state of a numpy array is not (version, shape, dtype, order, data)')
         _, shape, dtype, fortran, raw = state
         dtype = _numpy_dtype(dtype)
-        if (type(shape) is not tuple or len(shape) > 32
-                or not all(type(n) is int and n >= 0 for n in shape)):
+        if (
+            type(shape) is not tuple
+            or len(shape) > 32
+            or not all(type(n) is int and n >= 0 for n in shape)
+        ):
             refuse('the shape of a numpy array is not a tuple of sizes')
         if type(raw) is not bytes or len(raw) != math.prod(shape) * dtype.itemsize:
             refuse('the data of a numpy array do not match its shape and dtype')
@@ -168,13 +179,13 @@ class NumpyArray:
         self.array = np.frombuffer(raw, dtype).reshape(shape, order=order).copy()
 
     def __array__(self, dtype=None, copy=None):  # a plain torch.load leaves these outside
-        return np.asarray(self.array, dtype)        # HistoryBuffers: np.asarray still works
+        return np.asarray(self.array, dtype)  # HistoryBuffers: np.asarray still works
 
     def __repr__(self) -> str:
         return f'NumpyArray({self.array!r})'
 
 
-def numpy_reconstruct(subtype: Any, shape: Any = (0, ), typecode: Any = b'b') -> NumpyArray:
+def numpy_reconstruct(subtype: Any, shape: Any = (0,), typecode: Any = b'b') -> NumpyArray:
     """Found under ``numpy.core.multiarray._reconstruct``: a new, empty :class:`NumpyArray`."""
     if subtype is not NumpyArray:  # i.e. the file said numpy.ndarray, not a subclass
         refuse('numpy arrays are read as numpy.ndarray only')
@@ -211,8 +222,12 @@ class HistoryBufferStandIn(HistoryBuffer):
 
     def __setstate__(self, state: Any) -> None:
         state = _attributes(state, 'a HistoryBuffer')
-        unknown = set(state) - {'max_length', '_log_history', '_count_history',
-                                'statistics_methods'}
+        unknown = set(state) - {
+            'max_length',
+            '_log_history',
+            '_count_history',
+            'statistics_methods',
+        }
         if unknown:
             refuse(f'a HistoryBuffer has no attribute {sorted(unknown)[0]!r}')
         max_length = state.get('max_length', 1000000)
@@ -237,8 +252,10 @@ def statistics_method_name(owner: Any, name: Any) -> str:
     above drops them. So this never returns an attribute: only the name, as a string."""
     if owner is HistoryBufferStandIn and name in _STATISTICS:
         return f'HistoryBuffer.{name}'
-    refuse(f'getattr({type(owner).__name__} object, {str(name)[:40]!r}): mmrepa reads only '
-           "the HistoryBuffer statistics names mmengine checkpoints hold (as names)")
+    refuse(
+        f'getattr({type(owner).__name__} object, {str(name)[:40]!r}): mmrepa reads only '
+        'the HistoryBuffer statistics names mmengine checkpoints hold (as names)'
+    )
 
 
 # Under these names torch finds the stand-ins. Protocol-2 pickles name the module of the numpy
@@ -262,6 +279,7 @@ FOREIGN_GLOBALS = (
 
 
 # ------------------------------------------------------------------------ after the load
+
 
 def finish(obj: Any, config_nodes: List[OrderedDict]) -> Any:
     """Replace, through ``obj``'s containers, the config-node OrderedDicts by

@@ -5,6 +5,7 @@ the tools, ``RepOptVGG(scales=...)``) passes :func:`check_checkpoint` right afte
 malformed file stops with one line naming the file and the key, not with an ``AttributeError``
 deep in a loader, and NaN weights never reach a model.
 """
+
 from typing import Any, Mapping
 
 import torch
@@ -18,7 +19,7 @@ from .stand_ins import ForeignConfig
 # already saves the averaged weights as 'state_dict' (and the raw ones as 'ema_state_dict').
 WEIGHT_KEYS = ('state_dict', 'model', 'module')
 EMA_KEYS = ('state_dict_ema', 'model_ema')
-_ALL_WEIGHT_KEYS = WEIGHT_KEYS + EMA_KEYS + ('ema_state_dict', )
+_ALL_WEIGHT_KEYS = WEIGHT_KEYS + EMA_KEYS + ('ema_state_dict',)
 
 MAX_DIMS = 8  # no layer of a vision model has a weight of more dimensions
 
@@ -34,12 +35,16 @@ def check_checkpoint(ckpt: Any, source: str) -> None:
     :data:`WEIGHT_KEYS`, :data:`EMA_KEYS` or ``ema_state_dict``, or the dict itself when it has
     none) pass :func:`check_state_dict` and whose ``meta`` names classes by strings."""
     if not isinstance(ckpt, dict):
-        raise CheckpointError(f'{source} holds a {type(ckpt).__name__}, not a checkpoint dict or a '
-                              'state dict')
+        raise CheckpointError(
+            f'{source} holds a {type(ckpt).__name__}, not a checkpoint dict or a state dict'
+        )
     _check_meta(ckpt.get('meta'), source)
     # (a config stored under one of these names is not weights: ForeignConfig, see stand_ins)
-    found = [k for k in _ALL_WEIGHT_KEYS
-             if isinstance(ckpt.get(k), dict) and not isinstance(ckpt[k], ForeignConfig)]
+    found = [
+        k
+        for k in _ALL_WEIGHT_KEYS
+        if isinstance(ckpt.get(k), dict) and not isinstance(ckpt[k], ForeignConfig)
+    ]
     for key in found:
         check_state_dict(ckpt[key], source, f'{key} ')
     if not found:
@@ -51,34 +56,44 @@ def check_state_dict(state_dict: Mapping, source: str, where: str = '') -> None:
     without hooks or attributes, every floating-point value finite. ``where``: the key the
     state dict sits under and a space, for the message."""
     if not isinstance(state_dict, Mapping):
-        raise CheckpointError(f'{source}: {where or "the state dict "}is a '
-                              f'{type(state_dict).__name__}, not a dict of tensors')
+        raise CheckpointError(
+            f'{source}: {where or "the state dict "}is a '
+            f'{type(state_dict).__name__}, not a dict of tensors'
+        )
     for key, value in state_dict.items():
         if not isinstance(key, str):
-            raise CheckpointError(f'{source}: {where}key {_name(key)} is not a parameter name (a '
-                                  'state dict maps names to tensors): is it a checkpoint of a '
-                                  'model?')
+            raise CheckpointError(
+                f'{source}: {where}key {_name(key)} is not a parameter name (a '
+                'state dict maps names to tensors): is it a checkpoint of a '
+                'model?'
+            )
         _check_tensor(value, f'{source}: {where}key {_name(key)}')
     _check_metadata(getattr(state_dict, '_metadata', None), source, where)
 
 
 def _check_tensor(value: Any, what: str) -> None:
     if type(value) not in (torch.Tensor, torch.nn.Parameter):
-        raise CheckpointError(f'{what} holds a {type(value).__name__}, not a tensor: a state dict '
-                              'maps parameter names to tensors')
+        raise CheckpointError(
+            f'{what} holds a {type(value).__name__}, not a tensor: a state dict '
+            'maps parameter names to tensors'
+        )
     # torch restores both from the file; a weight has neither (torch.save of a state dict)
     if value._backward_hooks or vars(value):
         raise CheckpointError(f'{what} is a tensor carrying hooks or attributes; weights do not')
     if value.layout != torch.strided:
         raise CheckpointError(f'{what} is a {value.layout} tensor; mmrepa loads dense weights')
     if value.dim() > MAX_DIMS:
-        raise CheckpointError(f'{what} has {value.dim()} dimensions (shape '
-                              f'{tuple(value.shape)}); no weight has more than {MAX_DIMS}')
+        raise CheckpointError(
+            f'{what} has {value.dim()} dimensions (shape '
+            f'{tuple(value.shape)}); no weight has more than {MAX_DIMS}'
+        )
     floating = value.is_floating_point() or value.is_complex()
     if floating and value.device.type != 'meta' and not bool(torch.isfinite(value).all()):
         bad = int((~torch.isfinite(value)).sum())
-        raise CheckpointError(f'{what} holds {bad} NaN or infinite value(s) of {value.numel()}: '
-                              'the training that wrote it diverged, or the file is damaged')
+        raise CheckpointError(
+            f'{what} holds {bad} NaN or infinite value(s) of {value.numel()}: '
+            'the training that wrote it diverged, or the file is damaged'
+        )
 
 
 def _check_metadata(metadata: Any, source: str, where: str) -> None:
@@ -86,12 +101,16 @@ def _check_metadata(metadata: Any, source: str, where: str) -> None:
     if metadata is None:
         return
     ok = isinstance(metadata, dict) and all(
-        isinstance(k, str) and isinstance(v, dict)
+        isinstance(k, str)
+        and isinstance(v, dict)
         and all(isinstance(name, str) and (type(n) is int or n is None) for name, n in v.items())
-        for k, v in metadata.items())
+        for k, v in metadata.items()
+    )
     if not ok:
-        raise CheckpointError(f"{source}: the _metadata of {where or 'the state dict '}is not a "
-                              'dict of module names to version numbers, as torch writes it')
+        raise CheckpointError(
+            f'{source}: the _metadata of {where or "the state dict "}is not a '
+            'dict of module names to version numbers, as torch writes it'
+        )
 
 
 def _check_meta(meta: Any, source: str) -> None:
@@ -103,16 +122,22 @@ def _check_meta(meta: Any, source: str) -> None:
         raise CheckpointError(f"{source}: 'meta' holds a {type(meta).__name__}, not a dict")
     dataset_meta = meta.get('dataset_meta')
     if dataset_meta is not None and not isinstance(dataset_meta, dict):
-        raise CheckpointError(f"{source}: 'meta.dataset_meta' holds a "
-                              f'{type(dataset_meta).__name__}, not a dict')
-    for where, classes in (('meta.dataset_meta.classes', (dataset_meta or {}).get('classes')),
-                           ('meta.CLASSES', meta.get('CLASSES'))):
+        raise CheckpointError(
+            f"{source}: 'meta.dataset_meta' holds a {type(dataset_meta).__name__}, not a dict"
+        )
+    for where, classes in (
+        ('meta.dataset_meta.classes', (dataset_meta or {}).get('classes')),
+        ('meta.CLASSES', meta.get('CLASSES')),
+    ):
         if classes is None:
             continue
         if not isinstance(classes, (list, tuple)):
-            raise CheckpointError(f"{source}: '{where}' holds a {type(classes).__name__}, not a "
-                                  'list of class names')
+            raise CheckpointError(
+                f"{source}: '{where}' holds a {type(classes).__name__}, not a list of class names"
+            )
         odd = [c for c in classes if not isinstance(c, str)]
         if odd:
-            raise CheckpointError(f"{source}: '{where}' holds a {type(odd[0]).__name__} among "
-                                  'its class names; class names are strings')
+            raise CheckpointError(
+                f"{source}: '{where}' holds a {type(odd[0]).__name__} among "
+                'its class names; class names are strings'
+            )

@@ -1,5 +1,6 @@
 """mmpretrain's ``ImageClassifier`` plus the branch-diversity loss of depth
 re-parameterization (SPEC-depth §7.3)."""
+
 from typing import List
 
 import torch
@@ -29,7 +30,8 @@ class DiversityImageClassifier(ImageClassifier):
             raise ConfigError(
                 f'DiversityImageClassifier needs a backbone with a diversity loss (DepthRepViT '
                 f'with diversity_loss_weight > 0), got {type(self.backbone).__name__}; use '
-                "type='ImageClassifier' instead")
+                "type='ImageClassifier' instead"
+            )
 
     def loss(self, inputs: torch.Tensor, data_samples: List[DataSample]) -> dict:
         losses = super().loss(inputs, data_samples)

@@ -1,10 +1,18 @@
 from .synthetic_shapes import CLASSES as SHAPE_CLASSES
-from .synthetic_shapes import (SEG_CLASSES, make_shapes_ade20k, make_shapes_classification,
-                               make_shapes_coco)
+from .synthetic_shapes import (
+    SEG_CLASSES,
+    make_shapes_ade20k,
+    make_shapes_classification,
+    make_shapes_coco,
+)
 
 __all__ = [
-    'SHAPE_CLASSES', 'SEG_CLASSES', 'make_shapes_coco', 'make_shapes_classification',
-    'make_shapes_ade20k', 'ShapesADE20KDataset'
+    'SHAPE_CLASSES',
+    'SEG_CLASSES',
+    'make_shapes_coco',
+    'make_shapes_classification',
+    'make_shapes_ade20k',
+    'ShapesADE20KDataset',
 ]
 
 
@@ -12,5 +20,6 @@ def __getattr__(name):
     # on first use only: the dataset class imports mmseg, which `import mmrepa` must not
     if name == 'ShapesADE20KDataset':
         from .shapes_ade20k import ShapesADE20KDataset
+
         return ShapesADE20KDataset
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -5,6 +5,7 @@ a subset of ADE20K's 150 (it builds a label map by name), so the demo set gets a
 changes ``METAINFO`` only: layout, suffixes and ``reduce_zero_label=True`` stay ADE20K's. Import
 it through the config (``custom_imports``); ``import mmrepa`` never imports mmseg.
 """
+
 from mmseg.datasets import ADE20KDataset
 from mmseg.registry import DATASETS
 
@@ -17,5 +18,6 @@ class ShapesADE20KDataset(ADE20KDataset):
     convention (0 ignored, ``1 + i`` is class ``i``) with the classes of
     :data:`~mmrepa.datasets.synthetic_shapes.SEG_CLASSES`."""
 
-    METAINFO = dict(classes=SEG_CLASSES,
-                    palette=[[120, 120, 120], [220, 20, 60], [0, 128, 255], [60, 180, 75]])
+    METAINFO = dict(
+        classes=SEG_CLASSES, palette=[[120, 120, 120], [220, 20, 60], [0, 128, 255], [60, 180, 75]]
+    )

@@ -12,6 +12,7 @@ Object colour is random, so a model has to tell circles, squares and triangles a
 
 Every generator is idempotent: an existing, complete set with the same parameters is left alone.
 """
+
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from PIL import Image, ImageDraw, ImageFilter
 CLASSES = ('circle', 'square', 'triangle')
 # the semantic segmentation set labels the background too; ADE20K's label 0 ("other", ignored
 # with reduce_zero_label) marks the shapes' one-pixel outlines, which belong to neither side
-SEG_CLASSES = ('background', ) + CLASSES
+SEG_CLASSES = ('background',) + CLASSES
 SEG_IGNORE = 0
 
 # radius range as a fraction of the image side
@@ -58,12 +59,18 @@ def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> List[Tu
         n, offset = 4, math.pi / 4
     else:
         n, offset = 3, -math.pi / 2
-    return [(cx + r * math.cos(offset + angle + 2 * math.pi * i / n),
-             cy + r * math.sin(offset + angle + 2 * math.pi * i / n)) for i in range(n)]
+    return [
+        (
+            cx + r * math.cos(offset + angle + 2 * math.pi * i / n),
+            cy + r * math.sin(offset + angle + 2 * math.pi * i / n),
+        )
+        for i in range(n)
+    ]
 
 
-def _draw_shapes(rng: np.random.Generator, size: int, max_objects: int,
-                 radius: Tuple[float, float] = MANY_RADIUS) -> Tuple[Image.Image, List[Shape]]:
+def _draw_shapes(
+    rng: np.random.Generator, size: int, max_objects: int, radius: Tuple[float, float] = MANY_RADIUS
+) -> Tuple[Image.Image, List[Shape]]:
     """A background with 1 to ``max_objects`` shapes whose bounding squares do not overlap
     (fewer when no free place is found)."""
     img = _background(rng, size)
@@ -75,8 +82,7 @@ def _draw_shapes(rng: np.random.Generator, size: int, max_objects: int,
             cx, cy = rng.uniform(r, size - r, size=2)
             box = (cx - r, cy - r, cx + r, cy + r)
             # keep objects apart so every box is clearly one shape
-            if all(box[2] < b[0] or box[0] > b[2] or box[3] < b[1] or box[1] > b[3]
-                   for b in boxes):
+            if all(box[2] < b[0] or box[0] > b[2] or box[3] < b[1] or box[1] > b[3] for b in boxes):
                 break
         else:
             continue
@@ -94,9 +100,13 @@ def _coco_object(shape: Shape, size: int) -> dict:
     xs, ys = [p[0] for p in shape.polygon], [p[1] for p in shape.polygon]
     x0, y0 = max(0.0, min(xs)), max(0.0, min(ys))
     x1, y1 = min(float(size), max(xs)), min(float(size), max(ys))
-    return dict(category_id=CLASSES.index(shape.kind) + 1, bbox=[x0, y0, x1 - x0, y1 - y0],
-                segmentation=[[c for p in shape.polygon for c in p]],
-                area=_polygon_area(shape.polygon), iscrowd=0)
+    return dict(
+        category_id=CLASSES.index(shape.kind) + 1,
+        bbox=[x0, y0, x1 - x0, y1 - y0],
+        segmentation=[[c for p in shape.polygon for c in p]],
+        area=_polygon_area(shape.polygon),
+        iscrowd=0,
+    )
 
 
 def _polygon_area(poly) -> float:
@@ -115,8 +125,9 @@ def label_map(shapes: Sequence[Shape], size: int) -> np.ndarray:
     return np.asarray(seg)
 
 
-def _generate(root: str, params: dict, subdirs: Sequence[str],
-              write: Callable[[np.random.Generator], None]) -> str:
+def _generate(
+    root: str, params: dict, subdirs: Sequence[str], write: Callable[[np.random.Generator], None]
+) -> str:
     """Run ``write`` unless ``root`` holds a complete set made with ``params``.
 
     ``params.json`` is written last, so an interrupted run starts again; the set's own
@@ -138,15 +149,22 @@ def _generate(root: str, params: dict, subdirs: Sequence[str],
     return root
 
 
-def make_shapes_coco(root: str, num_train: int = 400, num_val: int = 80, size: int = 128,
-                     max_objects: int = 3, seed: int = 0) -> str:
+def make_shapes_coco(
+    root: str,
+    num_train: int = 400,
+    num_val: int = 80,
+    size: int = 128,
+    max_objects: int = 3,
+    seed: int = 0,
+) -> str:
     """Write ``{root}/{train,val}/*.png`` and ``{root}/annotations/{train,val}.json``.
 
     Every object has its box and its polygon (``segmentation``), so the set serves detection
     and instance segmentation. Idempotent. Returns ``root``.
     """
-    params = dict(num_train=num_train, num_val=num_val, size=size, max_objects=max_objects,
-                  seed=seed)
+    params = dict(
+        num_train=num_train, num_val=num_val, size=size, max_objects=max_objects, seed=seed
+    )
 
     def write(rng):
         os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
@@ -159,18 +177,23 @@ def make_shapes_coco(root: str, num_train: int = 400, num_val: int = 80, size: i
                 img.save(osp.join(root, split, name))
                 images.append(dict(id=i + 1, file_name=name, width=size, height=size))
                 for shape in shapes:
-                    annotations.append(dict(_coco_object(shape, size), id=len(annotations) + 1,
-                                            image_id=i + 1))
-            coco = dict(images=images, annotations=annotations,
-                        categories=[dict(id=i + 1, name=c) for i, c in enumerate(CLASSES)])
+                    annotations.append(
+                        dict(_coco_object(shape, size), id=len(annotations) + 1, image_id=i + 1)
+                    )
+            coco = dict(
+                images=images,
+                annotations=annotations,
+                categories=[dict(id=i + 1, name=c) for i, c in enumerate(CLASSES)],
+            )
             with open(osp.join(root, 'annotations', f'{split}.json'), 'w') as f:
                 json.dump(coco, f)
 
     return _generate(root, params, ('train', 'val', 'annotations'), write)
 
 
-def make_shapes_classification(root: str, num_train: int = 3000, num_val: int = 300,
-                               size: int = 48, seed: int = 0) -> str:
+def make_shapes_classification(
+    root: str, num_train: int = 3000, num_val: int = 300, size: int = 48, seed: int = 0
+) -> str:
     """Write ``{root}/{train,val}/{circle,square,triangle}/*.png``: one shape per image.
 
     The folder-per-class layout of mmpretrain's ``CustomDataset`` (and torchvision's
@@ -185,15 +208,21 @@ def make_shapes_classification(root: str, num_train: int = 3000, num_val: int = 
                 os.makedirs(osp.join(root, split, kind), exist_ok=True)
             for i in range(count):
                 # the shape is large and fits at once (nothing to avoid), so there is always one
-                img, (shape, ) = _draw_shapes(rng, size, 1, SINGLE_RADIUS)
+                img, (shape,) = _draw_shapes(rng, size, 1, SINGLE_RADIUS)
                 img.save(osp.join(root, split, shape.kind, f'{i:05d}.png'))
 
     return _generate(root, params, ('train', 'val'), write)
 
 
-def make_shapes_ade20k(root: str, num_train: int = 1000, num_val: int = 100, size: int = 48,
-                       max_objects: int = 3, radius: Sequence[float] = SEG_RADIUS,
-                       seed: int = 0) -> str:
+def make_shapes_ade20k(
+    root: str,
+    num_train: int = 1000,
+    num_val: int = 100,
+    size: int = 48,
+    max_objects: int = 3,
+    radius: Sequence[float] = SEG_RADIUS,
+    seed: int = 0,
+) -> str:
     """Write a semantic segmentation set in ADE20K's layout (``ADEChallengeData2016``).
 
     ``{root}/images/{training,validation}/*.jpg`` and
@@ -202,8 +231,14 @@ def make_shapes_ade20k(root: str, num_train: int = 1000, num_val: int = 100, siz
     ignored by ``reduce_zero_label=True``, which makes the background class 0. Idempotent.
     Returns ``root``.
     """
-    params = dict(num_train=num_train, num_val=num_val, size=size, max_objects=max_objects,
-                  radius=list(radius), seed=seed)  # a list, as JSON reads it back
+    params = dict(
+        num_train=num_train,
+        num_val=num_val,
+        size=size,
+        max_objects=max_objects,
+        radius=list(radius),
+        seed=seed,
+    )  # a list, as JSON reads it back
 
     def write(rng):
         for split, count in (('training', num_train), ('validation', num_val)):
@@ -214,6 +249,7 @@ def make_shapes_ade20k(root: str, num_train: int = 1000, num_val: int = 100, siz
                 name = f'shapes_{split}_{i:05d}'  # ADE_train_00000001 style
                 img.save(osp.join(root, 'images', split, name + '.jpg'), quality=95)
                 Image.fromarray(label_map(shapes, size)).save(
-                    osp.join(root, 'annotations', split, name + '.png'))
+                    osp.join(root, 'annotations', split, name + '.png')
+                )
 
     return _generate(root, params, ('images', 'annotations'), write)

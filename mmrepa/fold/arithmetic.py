@@ -1,4 +1,5 @@
 """The arithmetic shared by every fold, and the check that a checkpoint has the right form."""
+
 from typing import List, Optional, Tuple
 
 import torch
@@ -17,11 +18,15 @@ def fold_dtype(t: torch.Tensor) -> torch.dtype:
 def _batchnorm_problem(bn: _BatchNorm) -> Optional[str]:
     """Why :func:`batchnorm_affine` refuses ``bn``, or None."""
     if bn.running_mean is None or bn.running_var is None:
-        return ('BatchNorm without running statistics (track_running_stats=False) is not an '
-                'affine map at inference and cannot be folded')
+        return (
+            'BatchNorm without running statistics (track_running_stats=False) is not an '
+            'affine map at inference and cannot be folded'
+        )
     if not (torch.isfinite(bn.running_mean).all() and torch.isfinite(bn.running_var).all()):
-        return ('BatchNorm running statistics are not finite (NaN or inf); the checkpoint or '
-                'the training run that produced them is broken')
+        return (
+            'BatchNorm running statistics are not finite (NaN or inf); the checkpoint or '
+            'the training run that produced them is broken'
+        )
     return None
 
 
@@ -55,8 +60,7 @@ def batchnorm_affine(bn: _BatchNorm, dtype: torch.dtype) -> Tuple[torch.Tensor, 
     return scale, shift
 
 
-def norm_affine(norm: nn.Module,
-                dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def norm_affine(norm: nn.Module, dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """Per-channel ``(scale, shift)`` of a norm that is affine at inference, else ``None``.
 
     BatchNorm layers qualify through the ``_BatchNorm`` base class (SyncBN included); other norms
@@ -72,7 +76,6 @@ def norm_affine(norm: nn.Module,
 def is_affine_norm(norm: nn.Module) -> bool:
     """Whether :func:`norm_affine` can fold ``norm`` (decided from its type, not its values)."""
     return isinstance(norm, _BatchNorm) or hasattr(norm, 'eval_affine')
-
 
 
 def check_fold_state(state_dict: dict, prefix: str, module: nn.Module) -> None:
@@ -92,12 +95,14 @@ def check_fold_state(state_dict: dict, prefix: str, module: nn.Module) -> None:
         raise CheckpointError(
             f'{where}: the checkpoint holds unfolded weights ({prefix}{unfolded_key}) but '
             f'the model was built folded (deploy=True). Build it with deploy=False and fold after '
-            f'loading, or fold the checkpoint first with tools/reparameterize.py.')
+            f'loading, or fold the checkpoint first with tools/reparameterize.py.'
+        )
     if not module.deploy and has_folded and not has_unfolded:
         raise CheckpointError(
             f'{where}: the checkpoint holds folded weights ({prefix}{folded_key}), written '
             f'by reparameterize, but the model was built unfolded. Build it with deploy=True '
-            f'(for a config: --cfg-options model.backbone.deploy=True).')
+            f'(for a config: --cfg-options model.backbone.deploy=True).'
+        )
 
 
 def check_fold_states(model: nn.Module, state_dict: dict) -> None:

@@ -22,6 +22,7 @@ refused with one :class:`FoldError` naming the module. A fold that fails anyway,
 check passed (a foreign module's fold raising, memory running out), is undone
 (:func:`all_or_nothing`): parameters, buffers, submodules and flags are as they were.
 """
+
 import contextlib
 import copy
 import functools
@@ -44,16 +45,19 @@ FOREIGN_FOLD_METHODS = ('switch_to_deploy', 'reparameterize', 'fuse')
 
 class FoldReport(NamedTuple):
     """What :func:`fold_model` did."""
-    model: nn.Module                # the folded model (a replacement if the root was fused)
-    folded: Dict[str, int]          # modules folded, by type name
+
+    model: nn.Module  # the folded model (a replacement if the root was fused)
+    folded: Dict[str, int]  # modules folded, by type name
     params_before: int
     params_after: int
-    unfolded: List[str]             # modules that still look unfolded, with the reason
+    unfolded: List[str]  # modules that still look unfolded, with the reason
 
     def summary(self) -> str:
         kinds = ', '.join(f'{n} x{c}' for n, c in sorted(self.folded.items())) or 'nothing'
-        return (f'folded {sum(self.folded.values())} module(s) ({kinds}); parameters '
-                f'{self.params_before:,} -> {self.params_after:,}')
+        return (
+            f'folded {sum(self.folded.values())} module(s) ({kinds}); parameters '
+            f'{self.params_before:,} -> {self.params_after:,}'
+        )
 
 
 class Reparameterizable:
@@ -96,10 +100,12 @@ class Reparameterizable:
         try:
             self.reparameterize()
         finally:
+
             def restore(module, inherited):  # a module the fold created takes its parent's
                 module.training = modes.get(module, inherited)
                 for child in module.children():
                     restore(child, module.training)
+
             restore(self, modes[self])
 
 
@@ -124,19 +130,22 @@ def _callable_without_arguments(fn) -> bool:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in params)
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+    )
 
 
 def is_foldable(module: nn.Module) -> bool:
     """Whether ``module`` has a fold method callable without arguments, of any convention."""
-    return any(_callable_without_arguments(getattr(module, name, None))
-               for name in FOREIGN_FOLD_METHODS)
+    return any(
+        _callable_without_arguments(getattr(module, name, None)) for name in FOREIGN_FOLD_METHODS
+    )
 
 
 def _is_mmrepa(module: nn.Module) -> bool:
-    return (type(module).__module__.startswith('mmrepa.')
-            and _callable_without_arguments(getattr(module, 'reparameterize', None)))
+    return type(module).__module__.startswith('mmrepa.') and _callable_without_arguments(
+        getattr(module, 'reparameterize', None)
+    )
 
 
 def _post_order(module: nn.Module, prefix: str = '') -> Iterator[Tuple[str, nn.Module]]:
@@ -155,15 +164,15 @@ def _structure(module: nn.Module) -> tuple:
 
 
 class _Walk(NamedTuple):
-    folded: Counter   # type name -> modules folded
-    idle: List[str]   # modules whose fold methods changed nothing
+    folded: Counter  # type name -> modules folded
+    idle: List[str]  # modules whose fold methods changed nothing
 
 
 def _fold_one(module: nn.Module, name: str, walk: _Walk) -> nn.Module:
     """Fold ``module`` by its convention; returns it, or the module that replaces it."""
     if getattr(module, 'deploy', None) is True:
         return module  # folded already; a foreign fold method may not be idempotent
-    methods = ('reparameterize', ) if _is_mmrepa(module) else FOREIGN_FOLD_METHODS
+    methods = ('reparameterize',) if _is_mmrepa(module) else FOREIGN_FOLD_METHODS
     tried = []
     for method in methods:
         fn = getattr(module, method, None)
@@ -174,8 +183,9 @@ def _fold_one(module: nn.Module, name: str, walk: _Walk) -> nn.Module:
         try:
             result = fn()
         except FoldError as err:
-            raise FoldError(f'cannot fold {name or "the model"} ({type(module).__name__}): '
-                            f'{err}') from err
+            raise FoldError(
+                f'cannot fold {name or "the model"} ({type(module).__name__}): {err}'
+            ) from err
         if isinstance(result, nn.Module) and result is not module:  # timm's fuse()
             walk.folded[type(module).__name__] += 1
             return result
@@ -185,8 +195,9 @@ def _fold_one(module: nn.Module, name: str, walk: _Walk) -> nn.Module:
         if getattr(module, 'deploy', None) is True:
             return module  # nothing to fold: only the flag was set
     if tried:
-        walk.idle.append(f'{name or "the model"} ({type(module).__name__}): '
-                         f'{", ".join(tried)} changed nothing')
+        walk.idle.append(
+            f'{name or "the model"} ({type(module).__name__}): {", ".join(tried)} changed nothing'
+        )
     return module
 
 
@@ -226,15 +237,19 @@ def check_eval_mode(model: nn.Module, whole_model: bool = False) -> None:
     statistics, which are only what the model computes in eval mode. One line naming the
     first module in training mode (``whole_model``: ``model`` is the whole model, as
     :func:`fold_model` folds it, rather than a module whose ``reparameterize()`` was called)."""
-    training = [(name, m) for name, m in _post_order(model)
-                if m.training and (m is model or is_foldable(m) or isinstance(m, _BatchNorm))]
+    training = [
+        (name, m)
+        for name, m in _post_order(model)
+        if m.training and (m is model or is_foldable(m) or isinstance(m, _BatchNorm))
+    ]
     if training:
         name, first = training[0]
         first = _where(first, name, None) if name or whole_model else 'itself'
         raise FoldError(
             f'cannot fold {"the model" if whole_model else _label(model)}: {len(training)} '
             f'module(s) are in training mode (first: {first}), and folding reads the '
-            'BatchNorm running statistics that only eval mode uses; call model.eval() first')
+            'BatchNorm running statistics that only eval mode uses; call model.eval() first'
+        )
 
 
 def find_fold_problems(model: nn.Module) -> List[Tuple[str, nn.Module, str]]:
@@ -263,8 +278,14 @@ def check_foldable(model: nn.Module, whole_model: bool = False) -> None:
     if problems:
         path, module, reason = problems[0]
         more = [_where(m, p, root) for p, m, _ in problems[1:]]
-        tail = (f' [{len(more)} more problem(s): {", ".join(more[:3])}'
-                f'{", ..." if len(more) > 3 else ""}]') if more else ''
+        tail = (
+            (
+                f' [{len(more)} more problem(s): {", ".join(more[:3])}'
+                f'{", ..." if len(more) > 3 else ""}]'
+            )
+            if more
+            else ''
+        )
         raise FoldError(f'cannot fold {_where(module, path, root)}: {reason}{tail}')
 
 
@@ -282,16 +303,18 @@ class _Snapshot:
         self.modules = []
         for module in model.modules():
             attrs = dict(module.__dict__)
-            contents = {k: copy.copy(v) for k, v in attrs.items()
-                        if isinstance(v, (dict, set, list))}
+            contents = {
+                k: copy.copy(v) for k, v in attrs.items() if isinstance(v, (dict, set, list))
+            }
             self.modules.append((module, type(module), attrs, contents))
         self.tensors, seen = [], set()
         for module in model.modules():
             for t in itertools.chain(module._parameters.values(), module._buffers.values()):
                 if t is not None and id(t) not in seen:
                     seen.add(id(t))
-                    self.tensors.append((t, t.detach().to('cpu', copy=True), t.device,
-                                         t.requires_grad))
+                    self.tensors.append(
+                        (t, t.detach().to('cpu', copy=True), t.device, t.requires_grad)
+                    )
 
     def restore(self) -> None:
         for module, cls, attrs, contents in self.modules:
@@ -334,8 +357,11 @@ def all_or_nothing(model: nn.Module):
 
 
 def _deploy_false(model: nn.Module) -> List[str]:
-    return [f'{name or "the model"} ({type(m).__name__}): deploy=False'
-            for name, m in _post_order(model) if getattr(m, 'deploy', None) is False]
+    return [
+        f'{name or "the model"} ({type(m).__name__}): deploy=False'
+        for name, m in _post_order(model)
+        if getattr(m, 'deploy', None) is False
+    ]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -359,14 +385,19 @@ def fold_model(model: nn.Module, logger: Optional[str] = 'current') -> FoldRepor
     with all_or_nothing(model):
         _fold_tree(model, '', walk)
         model = _fold_one(model, '', walk)
-    report = FoldReport(model, dict(walk.folded), before, count_parameters(model),
-                        walk.idle + _deploy_false(model))
+    report = FoldReport(
+        model, dict(walk.folded), before, count_parameters(model), walk.idle + _deploy_false(model)
+    )
     if logger is not None:
         print_log(f'reparameterize: {report.summary()}', logger=logger)
         if report.unfolded:
-            print_log(f'reparameterize: {len(report.unfolded)} module(s) may not be folded: '
-                      + '; '.join(report.unfolded[:8])
-                      + (' ...' if len(report.unfolded) > 8 else ''), logger=logger, level=30)
+            print_log(
+                f'reparameterize: {len(report.unfolded)} module(s) may not be folded: '
+                + '; '.join(report.unfolded[:8])
+                + (' ...' if len(report.unfolded) > 8 else ''),
+                logger=logger,
+                level=30,
+            )
     return report
 
 

@@ -1,4 +1,5 @@
 """The classification head of ConvFormer and CAFormer, for mmpretrain's ``ImageClassifier``."""
+
 from typing import Optional, Tuple
 
 import torch
@@ -31,10 +32,16 @@ class MetaFormerClsHead(ClsHead):
     Shapes: ``feats[-1]`` (B, in_channels) -> logits (B, num_classes).
     """
 
-    def __init__(self, num_classes: int, in_channels: int, mlp_ratio: float = 4.,
-                 head_dropout: float = 0., eps: float = 1e-6,
-                 init_cfg: Optional[dict] = dict(type='TruncNormal', layer='Linear', std=0.02),
-                 **kwargs):
+    def __init__(
+        self,
+        num_classes: int,
+        in_channels: int,
+        mlp_ratio: float = 4.0,
+        head_dropout: float = 0.0,
+        eps: float = 1e-6,
+        init_cfg: Optional[dict] = dict(type='TruncNormal', layer='Linear', std=0.02),
+        **kwargs,
+    ):
         super().__init__(init_cfg=init_cfg, **kwargs)
         if num_classes <= 0:
             raise ConfigError(f'num_classes must be positive, got {num_classes}')

@@ -1,4 +1,5 @@
 """ONNX export of a (folded) module for a fixed input shape, and onnxruntime sessions."""
+
 import warnings
 from typing import Iterator, List
 
@@ -57,14 +58,21 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, opset: int = 17) 
     with warnings.catch_warnings():
         # sizes turning into constants is intended: the graph is for one shape
         warnings.simplefilter('ignore', torch.jit.TracerWarning)
-        torch.onnx.export(module, (x, ), path, input_names=['input'],
-                          output_names=[f'output{i}' for i in range(n_out)],
-                          opset_version=opset, dynamo=False)
+        torch.onnx.export(
+            module,
+            (x,),
+            path,
+            input_names=['input'],
+            output_names=[f'output{i}' for i in range(n_out)],
+            opset_version=opset,
+            dynamo=False,
+        )
 
 
 def onnxruntime_session(path: str, threads: int = 0):
     """A CPU onnxruntime session; ``threads`` intra-op threads (0: onnxruntime's default)."""
     import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
@@ -75,9 +83,11 @@ def run_onnx(session, x: torch.Tensor) -> List[np.ndarray]:
     refused (the graph's window layouts and masks are constants for that size)."""
     exported = tuple(session.get_inputs()[0].shape)
     if all(isinstance(d, int) for d in exported) and exported != tuple(x.shape):
-        raise InputError(f'the ONNX graph was exported for input {exported} but got '
-                         f'{tuple(x.shape)}: export it again for this size '
-                         '(tools/export_onnx.py --shape H W)')
+        raise InputError(
+            f'the ONNX graph was exported for input {exported} but got '
+            f'{tuple(x.shape)}: export it again for this size '
+            '(tools/export_onnx.py --shape H W)'
+        )
     return session.run(None, {'input': x.detach().cpu().numpy()})
 
 

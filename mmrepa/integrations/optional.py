@@ -7,6 +7,7 @@ works), then calls :func:`require` for what the chosen options need, which raise
 :class:`~mmrepa.errors.DependencyError` naming the package and how to install it: the tool prints
 it as one line instead of a traceback (:func:`mmrepa.apis.one_line_errors`).
 """
+
 import importlib
 from typing import Optional
 
@@ -17,7 +18,7 @@ INSTALL = {
     'onnx': 'pip install -r requirements/tests.txt, or pip install onnx',
     'onnxruntime': 'pip install -r requirements/tests.txt, or pip install onnxruntime',
     'mmdeploy': 'make install-tests, or pip install --no-deps mmdeploy==1.3.1 and '
-                'pip install -r requirements/deploy.txt (see that file)',
+    'pip install -r requirements/deploy.txt (see that file)',
     'aenum': 'pip install -r requirements/deploy.txt',
     'matplotlib': 'pip install matplotlib',
 }
@@ -30,7 +31,7 @@ def missing(module: str) -> Optional[str]:
         importlib.import_module(module)
     except ImportError as err:
         if err.name in (None, module) or module.startswith(f'{err.name}.'):
-            return f"needs {module} ({INSTALL.get(module.split('.')[0], f'pip install {module}')})"
+            return f'needs {module} ({INSTALL.get(module.split(".")[0], f"pip install {module}")})'
         return f'{module} is installed but does not import: {err}'
     return None
 

@@ -12,6 +12,7 @@
 - :func:`fold_identity_apart`: the fold with identity shortcuts kept out of the weights, which
   INT8 needs (RepVGG layers, channel-idle FFNs whose pre-norm folds).
 """
+
 import os.path as osp
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -19,12 +20,12 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..backbones.repopt_vgg.blocks import RepVGGConvBN
 from ..errors import ConfigError, InputError
 from ..fold import reparameterize
 from ..fold.arithmetic import batchnorm_affine, fold_dtype
 from ..layers.channel_idle_ffn import ChannelIdleFFN
-from ..layers.repopt import RepVGGConvBN
-from .files import atomic_output
+from ..utils.files import atomic_output
 
 WEIGHTED_OPS = ('Conv', 'MatMul', 'Gemm')
 
@@ -34,17 +35,24 @@ class CalibrationMismatch(InputError):
     why)."""
 
 
-def mismatch_message(index: int, source: str, got: Tuple[int, ...],
-                     expected: Tuple[int, ...], what: str = 'calibration batch') -> str:
+def mismatch_message(
+    index: int,
+    source: str,
+    got: Tuple[int, ...],
+    expected: Tuple[int, ...],
+    what: str = 'calibration batch',
+) -> str:
     """Why input ``index`` (``source``: its image) of shape ``got`` does not fit a graph
     exported for ``expected``; ``what`` names the set it is from ('calibration batch',
     'test image', ...)."""
-    return (f'{what} {index} ({source}) has shape {tuple(got)} but the model was exported '
-            f'for input {tuple(expected)}: the ONNX graph is traced for one input shape (window '
-            f'layouts, masks and paddings are constants), so every {what} must have it. Export '
-            'for the shape the test pipeline gives (tools/quantize.py: drop --shape), or make '
-            'the pipeline give one shape (a fixed Resize without keep_ratio, or a Pad to a '
-            'fixed size)')
+    return (
+        f'{what} {index} ({source}) has shape {tuple(got)} but the model was exported '
+        f'for input {tuple(expected)}: the ONNX graph is traced for one input shape (window '
+        f'layouts, masks and paddings are constants), so every {what} must have it. Export '
+        'for the shape the test pipeline gives (tools/quantize.py: drop --shape), or make '
+        'the pipeline give one shape (a fixed Resize without keep_ratio, or a Pad to a '
+        'fixed size)'
+    )
 
 
 def _build_dataset(cfg, split: str):
@@ -52,27 +60,34 @@ def _build_dataset(cfg, split: str):
     read as test images: no augmentation)."""
     import copy
     import importlib
+
     loader = cfg.get(f'{split}_dataloader')
     if not loader or not isinstance(loader.get('dataset'), dict):
-        raise ConfigError(f'the config has no {split}_dataloader.dataset to calibrate on; '
-                          'use the other split (--calib-split)')
+        raise ConfigError(
+            f'the config has no {split}_dataloader.dataset to calibrate on; '
+            'use the other split (--calib-split)'
+        )
     dataset = copy.deepcopy(loader.dataset)
     if 'pipeline' not in dataset:
-        raise ConfigError(f'{split}_dataloader.dataset ({dataset.get("type")}) wraps other data '
-                          'sets; calibrate on the test split (--calib-split test)')
+        raise ConfigError(
+            f'{split}_dataloader.dataset ({dataset.get("type")}) wraps other data '
+            'sets; calibrate on the test split (--calib-split test)'
+        )
     dataset['pipeline'] = copy.deepcopy(cfg.test_dataloader.dataset.pipeline)
     if split == 'train':
         dataset['test_mode'] = False
-    registry = importlib.import_module(f"{cfg.get('default_scope', 'mmengine')}.registry")
+    registry = importlib.import_module(f'{cfg.get("default_scope", "mmengine")}.registry')
     return registry.DATASETS.build(dataset)
 
 
-def pipeline_inputs(cfg, data_preprocessor, num: int, split: str = 'train',
-                    seed: int = 0) -> List[Tuple[np.ndarray, str]]:
+def pipeline_inputs(
+    cfg, data_preprocessor, num: int, split: str = 'train', seed: int = 0
+) -> List[Tuple[np.ndarray, str]]:
     """``num`` images of the config's ``split`` data set (a fixed-seed random choice; all if
     fewer) through the config's test pipeline and ``data_preprocessor`` (the model's, in
     inference mode), one per batch: ``[(array (1, 3, H, W) float32, image path), ...]``."""
     from mmengine.dataset import pseudo_collate
+
     dataset = _build_dataset(cfg, split)
     order = np.random.default_rng(seed).permutation(len(dataset))[:num]
     inputs = []
@@ -86,8 +101,11 @@ def pipeline_inputs(cfg, data_preprocessor, num: int, split: str = 'train',
     return inputs
 
 
-def check_inputs_shape(inputs: Iterable[Tuple[np.ndarray, str]], expected: Sequence[int],
-                       what: str = 'calibration batch') -> None:
+def check_inputs_shape(
+    inputs: Iterable[Tuple[np.ndarray, str]],
+    expected: Sequence[int],
+    what: str = 'calibration batch',
+) -> None:
     """Raise :class:`CalibrationMismatch` at the first input not of shape ``expected``;
     ``what`` names the inputs in the message ('calibration image', 'test image', ...)."""
     for i, (array, source) in enumerate(inputs):
@@ -95,7 +113,7 @@ def check_inputs_shape(inputs: Iterable[Tuple[np.ndarray, str]], expected: Seque
             raise CalibrationMismatch(mismatch_message(i, source, array.shape, expected, what))
 
 
-try:  # onnxruntime is optional (mmrepa.utils.optional): the module imports without it, for
+try:  # onnxruntime is optional (mmrepa.integrations.optional): the module imports without it, for
     # the tools' --help and constants; nothing that quantizes runs without it
     from onnxruntime.quantization import CalibrationDataReader as _ReaderBase
 except ImportError:
@@ -107,8 +125,12 @@ class CalibrationReader(_ReaderBase):
     ``input_name`` of shape ``expected``; an input of another shape raises
     :class:`CalibrationMismatch` (also when onnxruntime reads it)."""
 
-    def __init__(self, inputs: Sequence[Tuple[np.ndarray, str]], expected: Sequence[int],
-                 input_name: str = 'input'):
+    def __init__(
+        self,
+        inputs: Sequence[Tuple[np.ndarray, str]],
+        expected: Sequence[int],
+        input_name: str = 'input',
+    ):
         self.inputs, self.expected, self.input_name = list(inputs), tuple(expected), input_name
         self.index = 0
 
@@ -120,8 +142,9 @@ class CalibrationReader(_ReaderBase):
             return None
         array, source = self.inputs[self.index]
         if tuple(array.shape) != self.expected:
-            raise CalibrationMismatch(mismatch_message(self.index, source, array.shape,
-                                                       self.expected))
+            raise CalibrationMismatch(
+                mismatch_message(self.index, source, array.shape, self.expected)
+            )
         self.index += 1
         return {self.input_name: np.ascontiguousarray(array, dtype=np.float32)}
 
@@ -132,6 +155,7 @@ class CalibrationReader(_ReaderBase):
 def input_shape(path: str) -> Tuple[int, ...]:
     """The (static) shape of the ONNX graph's first input."""
     import onnx
+
     dims = onnx.load(path, load_external_data=False).graph.input[0].type.tensor_type.shape.dim
     return tuple(d.dim_value for d in dims)
 
@@ -139,12 +163,19 @@ def input_shape(path: str) -> Tuple[int, ...]:
 CALIBRATION_METHODS = ('minmax', 'entropy', 'percentile')
 
 
-def quantize_qdq(float_path: str, out_path: str, inputs: Sequence[Tuple[np.ndarray, str]], *,
-                 per_channel: bool = True, activation_type: str = 'uint8',
-                 reduce_range: bool = False, method: str = 'minmax',
-                 symmetric_activations: bool = False,
-                 exclude_op_types: Sequence[str] = (),
-                 exclude_nodes: Sequence[str] = ()) -> Dict[str, Tuple[float, float]]:
+def quantize_qdq(
+    float_path: str,
+    out_path: str,
+    inputs: Sequence[Tuple[np.ndarray, str]],
+    *,
+    per_channel: bool = True,
+    activation_type: str = 'uint8',
+    reduce_range: bool = False,
+    method: str = 'minmax',
+    symmetric_activations: bool = False,
+    exclude_op_types: Sequence[str] = (),
+    exclude_nodes: Sequence[str] = (),
+) -> Dict[str, Tuple[float, float]]:
     """Quantize the float ONNX model ``float_path`` to INT8 QDQ at ``out_path``; returns the
     calibrated activation ranges (tensor name -> (min, max)).
 
@@ -156,9 +187,9 @@ def quantize_qdq(float_path: str, out_path: str, inputs: Sequence[Tuple[np.ndarr
     float inputs. The inputs are checked against the graph's input shape first
     (:class:`CalibrationMismatch`); the file appears complete or not at all.
     """
-    from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import load_tensors_data
+
     if method not in CALIBRATION_METHODS:
         raise InputError(f'method must be one of {CALIBRATION_METHODS}, got {method!r}')
     expected = input_shape(float_path)
@@ -166,27 +197,35 @@ def quantize_qdq(float_path: str, out_path: str, inputs: Sequence[Tuple[np.ndarr
     exclude = list(exclude_nodes)
     if exclude_op_types:
         import onnx
+
         graph = onnx.load(float_path, load_external_data=False).graph
         exclude += [n.name for n in graph.node if n.op_type in exclude_op_types]
-    with atomic_output(out_path, suffix='.onnx.tmp') as tmp, \
-            tempfile.TemporaryDirectory(prefix='mmrepa.calib.') as calib_dir:
+    with (
+        atomic_output(out_path, suffix='.onnx.tmp') as tmp,
+        tempfile.TemporaryDirectory(prefix='mmrepa.calib.') as calib_dir,
+    ):
         cache = osp.join(calib_dir, 'ranges.json')
         quantize_static(
-            float_path, tmp, CalibrationReader(inputs, expected),
-            quant_format=QuantFormat.QDQ, per_channel=per_channel,
+            float_path,
+            tmp,
+            CalibrationReader(inputs, expected),
+            quant_format=QuantFormat.QDQ,
+            per_channel=per_channel,
             reduce_range=reduce_range,
-            activation_type=QuantType.QUInt8 if activation_type == 'uint8'
-            else QuantType.QInt8,
+            activation_type=QuantType.QUInt8 if activation_type == 'uint8' else QuantType.QInt8,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=exclude or None,
-            calibrate_method=getattr(CalibrationMethod,
-                                     {'minmax': 'MinMax', 'entropy': 'Entropy',
-                                      'percentile': 'Percentile'}[method]),
-            extra_options=dict(ActivationSymmetric=symmetric_activations,
-                               WeightSymmetric=True),
-            calibration_cache_path=cache)
-        ranges = {name: tuple(float(v) for v in np.asarray(r.range_value).reshape(-1)[:2])
-                  for name, r in load_tensors_data(cache).data.items()}
+            calibrate_method=getattr(
+                CalibrationMethod,
+                {'minmax': 'MinMax', 'entropy': 'Entropy', 'percentile': 'Percentile'}[method],
+            ),
+            extra_options=dict(ActivationSymmetric=symmetric_activations, WeightSymmetric=True),
+            calibration_cache_path=cache,
+        )
+        ranges = {
+            name: tuple(float(v) for v in np.asarray(r.range_value).reshape(-1)[:2])
+            for name, r in load_tensors_data(cache).data.items()
+        }
     return ranges
 
 
@@ -194,8 +233,7 @@ def sqnr_db(reference: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> floa
     """Signal-to-quantization-noise ratio in dB, ``10 log10(sum ref^2 / sum (ref - test)^2)``
     over all outputs together (inf if they are equal)."""
     signal = sum(float(np.square(r.astype(np.float64)).sum()) for r in reference)
-    noise = sum(float(np.square(r.astype(np.float64) - t).sum())
-                for r, t in zip(reference, test))
+    noise = sum(float(np.square(r.astype(np.float64) - t).sum()) for r, t in zip(reference, test))
     if noise == 0:
         return float('inf')
     return 10 * np.log10(signal / noise) if signal > 0 else float('-inf')
@@ -206,17 +244,26 @@ def qdq_summary(path: str) -> dict:
     dequantizations, and of those with one scale per output channel."""
     import onnx
     from onnx import numpy_helper
+
     graph = onnx.load(path).graph
     inits = {i.name: i for i in graph.initializer}
     ops = [n.op_type for n in graph.node]
-    weights = [n for n in graph.node if n.op_type == 'DequantizeLinear'
-               and n.input[0] in inits and n.input[1] in inits
-               and inits[n.input[0]].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
-               and len(inits[n.input[0]].dims) >= 2]
+    weights = [
+        n
+        for n in graph.node
+        if n.op_type == 'DequantizeLinear'
+        and n.input[0] in inits
+        and n.input[1] in inits
+        and inits[n.input[0]].data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+        and len(inits[n.input[0]].dims) >= 2
+    ]
     per_channel = sum(numpy_helper.to_array(inits[n.input[1]]).size > 1 for n in weights)
-    return dict(quantize_linear=ops.count('QuantizeLinear'),
-                dequantize_linear=ops.count('DequantizeLinear'),
-                int8_weights=len(weights), per_channel_weights=int(per_channel))
+    return dict(
+        quantize_linear=ops.count('QuantizeLinear'),
+        dequantize_linear=ops.count('DequantizeLinear'),
+        int8_weights=len(weights),
+        per_channel_weights=int(per_channel),
+    )
 
 
 def runtime_op_counts(path: str, threads: int = 1) -> Dict[str, int]:
@@ -226,6 +273,7 @@ def runtime_op_counts(path: str, threads: int = 1) -> Dict[str, int]:
 
     import onnx
     import onnxruntime as ort
+
     with tempfile.TemporaryDirectory(prefix='mmrepa.ort.') as tmp:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -246,15 +294,16 @@ def _layer_name(node_name: str, op_type: str) -> str:
     return '.'.join(parts) or node_name
 
 
-def weighted_layers(path: str,
-                    activation_ranges: Optional[Dict[str, Tuple[float, float]]] = None
-                    ) -> List[dict]:
+def weighted_layers(
+    path: str, activation_ranges: Optional[Dict[str, Tuple[float, float]]] = None
+) -> List[dict]:
     """One row per Conv / MatMul / Gemm with a constant weight in the float ONNX file: its
     layer (module scope), op, weight min / max / max |w|, the spread of per-output-channel
     max |w| (largest / median: what per-tensor scales would lose) and, given the calibration's
     ``activation_ranges``, the (min, max) of its input and output."""
     import onnx
     from onnx import numpy_helper
+
     graph = onnx.load(path).graph
     inits = {i.name: i for i in graph.initializer}
     # constants the exporter left as Constant nodes count as weights too
@@ -274,12 +323,18 @@ def weighted_layers(path: str,
         axis = 0 if node.op_type == 'Conv' or (node.op_type == 'Gemm' and trans_b) else -1
         per_channel = np.abs(np.moveaxis(w, axis, 0)).reshape(w.shape[axis], -1).max(1)
         median = float(np.median(per_channel))
-        rows.append(dict(
-            layer=_layer_name(node.name, node.op_type), op=node.op_type,
-            weight_min=float(w.min()), weight_max=float(w.max()),
-            weight_absmax=float(np.abs(w).max()),
-            channel_spread=float(per_channel.max() / median) if median > 0 else float('inf'),
-            input_range=ranges.get(node.input[0]), output_range=ranges.get(node.output[0])))
+        rows.append(
+            dict(
+                layer=_layer_name(node.name, node.op_type),
+                op=node.op_type,
+                weight_min=float(w.min()),
+                weight_max=float(w.max()),
+                weight_absmax=float(np.abs(w).max()),
+                channel_spread=float(per_channel.max() / median) if median > 0 else float('inf'),
+                input_range=ranges.get(node.input[0]),
+                output_range=ranges.get(node.output[0]),
+            )
+        )
     return rows
 
 
@@ -287,8 +342,9 @@ def _absmax(r) -> float:
     return max(abs(r[0]), abs(r[1])) if r else float('nan')
 
 
-def fold_range_report(layers: Dict[str, List[dict]], folded_modules: Sequence[str],
-                      reference: str = 'unfolded') -> List[dict]:
+def fold_range_report(
+    layers: Dict[str, List[dict]], folded_modules: Sequence[str], reference: str = 'unfolded'
+) -> List[dict]:
     """How each form of the model (``layers``: form name -> :func:`weighted_layers` rows, e.g.
     'unfolded', 'folded', 'identity-apart') changed the ranges INT8 must cover, per module.
 
@@ -316,13 +372,13 @@ def fold_range_report(layers: Dict[str, List[dict]], folded_modules: Sequence[st
         entry = dict(module=name)
         signatures = set()
         for form, rows in by_form.items():
-            acts = [_absmax(r[k]) for r in rows for k in ('input_range', 'output_range')
-                    if r[k]]
+            acts = [_absmax(r[k]) for r in rows for k in ('input_range', 'output_range') if r[k]]
             entry[form] = dict(
                 layers=[r['layer'] for r in rows],
                 weight_absmax=max((r['weight_absmax'] for r in rows), default=float('nan')),
                 channel_spread=max((r['channel_spread'] for r in rows), default=float('nan')),
-                act_absmax=max(acts, default=float('nan')))
+                act_absmax=max(acts, default=float('nan')),
+            )
             signatures.add(tuple((r['layer'], round(r['weight_absmax'], 6)) for r in rows))
         entry['changed'] = len(signatures) > 1
         ref = entry.get(reference)
@@ -330,12 +386,14 @@ def fold_range_report(layers: Dict[str, List[dict]], folded_modules: Sequence[st
             if ref is not None and form != reference:
                 entry[form]['ratio'] = {
                     k: entry[form][k] / ref[k] if ref[k] and np.isfinite(ref[k]) else None
-                    for k in ('weight_absmax', 'channel_spread', 'act_absmax')}
+                    for k in ('weight_absmax', 'channel_spread', 'act_absmax')
+                }
         report.append(entry)
 
     def widening(entry):
-        ratios = [entry[f]['ratio']['weight_absmax'] or 0 for f in layers
-                  if 'ratio' in entry.get(f, {})]
+        ratios = [
+            entry[f]['ratio']['weight_absmax'] or 0 for f in layers if 'ratio' in entry.get(f, {})
+        ]
         return (not entry['changed'], -max(ratios, default=0))
 
     return sorted(report, key=widening)
@@ -347,6 +405,7 @@ def needs_reduce_range() -> bool:
     7-bit weights (``reduce_range``) cannot. On this repository's CPU (AVX2, no VNNI) they
     raised the demo RePa-Swin backbone's SQNR from 21.7 to 24.0 dB."""
     import platform
+
     if platform.machine().lower() not in ('x86_64', 'amd64', 'i386', 'i686'):
         return False
     try:
@@ -358,6 +417,7 @@ def needs_reduce_range() -> bool:
 
 
 # --- quantization-aware folding: identity shortcuts kept out of the weights -------------------
+
 
 class ShortcutApartFFN(ChannelIdleFFN):
     """A :class:`ChannelIdleFFN` whose fold adds the (scaled) shortcut after the folded
@@ -385,8 +445,9 @@ class IdentityApartRepVGG(RepVGGConvBN):
             with torch.no_grad():
                 self.conv.bias.add_(shift.to(self.conv.bias.dtype))
             del self.identity_scale
-            self.register_buffer('identity_scale',
-                                 scale.to(self.conv.weight.dtype).view(1, -1, 1, 1))
+            self.register_buffer(
+                'identity_scale', scale.to(self.conv.weight.dtype).view(1, -1, 1, 1)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.deploy and getattr(self, 'identity_scale', None) is not None:

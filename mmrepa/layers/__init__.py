@@ -1,28 +1,50 @@
 from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
-from .channel_idle_ffn import (ChannelIdleFFN, activate_first_, channels_last_norm,
-                               num_active_channels)
-from .depth_join import (BranchSumLinear, JoinedAttention, JoinedBlock, JoinedFFN,
-                         stack_attention_branches, stack_ffn_branches,
-                         unstack_attention_branches, unstack_ffn_branches)
+from .channel_idle_ffn import (
+    ChannelIdleFFN,
+    activate_first_,
+    channels_last_norm,
+    num_active_channels,
+)
 from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .norm2d import LayerNorm2d
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
 from .prepbn import PRepBN, RepBN
-from .repopt import CSLAConvBN, RepOptConvBN, RepVGGConvBN
 from .res_scale import ResScale
 from .sep_conv import SepConv
-from .window_attention import (ShiftWindowMSA, WindowMSA, shifted_window_mask, window_partition,
-                               window_reverse)
+from .window_attention import (
+    ShiftWindowMSA,
+    WindowMSA,
+    shifted_window_mask,
+    window_partition,
+    window_reverse,
+)
 from .windowed_self_attention import WindowedSelfAttention
 
 __all__ = [
-    'batchnorm_statistics_kept', 'checkpoint_forward', 'ChannelIdleFFN', 'activate_first_', 'channels_last_norm', 'num_active_channels',
-    'ShiftWindowMSA', 'WindowMSA', 'shifted_window_mask', 'window_partition', 'window_reverse',
-    'SquaredReLU', 'StarReLU', 'bare_activation', 'has_output_affine', 'output_affine',
-    'ResScale', 'SepConv', 'WindowedSelfAttention', 'SimplifiedLinearAttention',
-    'FoldablePatchEmbed', 'FoldablePatchMerging', 'PRepBN', 'RepBN', 'RepOptConvBN',
-    'CSLAConvBN', 'RepVGGConvBN', 'BranchSumLinear', 'JoinedAttention', 'JoinedBlock',
-    'JoinedFFN', 'stack_attention_branches', 'stack_ffn_branches',
-    'unstack_attention_branches', 'unstack_ffn_branches', 'LayerNorm2d'
+    'batchnorm_statistics_kept',
+    'checkpoint_forward',
+    'ChannelIdleFFN',
+    'activate_first_',
+    'channels_last_norm',
+    'num_active_channels',
+    'ShiftWindowMSA',
+    'WindowMSA',
+    'shifted_window_mask',
+    'window_partition',
+    'window_reverse',
+    'SquaredReLU',
+    'StarReLU',
+    'bare_activation',
+    'has_output_affine',
+    'output_affine',
+    'ResScale',
+    'SepConv',
+    'WindowedSelfAttention',
+    'SimplifiedLinearAttention',
+    'FoldablePatchEmbed',
+    'FoldablePatchMerging',
+    'PRepBN',
+    'RepBN',
+    'LayerNorm2d',
 ]

@@ -4,6 +4,7 @@ An activation whose output is an affine map of a simpler one, ``act(x) = bare(x)
 exposes ``output_affine(dtype) -> (s, b)`` and ``bare() -> module``. A fold can then move ``s``
 and ``b`` into the linear layer that follows and keep only the bare activation.
 """
+
 from typing import Optional, Tuple
 
 import torch
@@ -50,13 +51,18 @@ class StarReLU(nn.Module):
     Without autograd the result is computed in place, as in :class:`SquaredReLU`.
     """
 
-    def __init__(self, scale_value: float = 1.0, bias_value: float = 0.0,
-                 scale_learnable: bool = True, bias_learnable: bool = True):
+    def __init__(
+        self,
+        scale_value: float = 1.0,
+        bias_value: float = 0.0,
+        scale_learnable: bool = True,
+        bias_learnable: bool = True,
+    ):
         super().__init__()
-        self.scale = nn.Parameter(torch.full((1, ), float(scale_value)),
-                                  requires_grad=scale_learnable)
-        self.bias = nn.Parameter(torch.full((1, ), float(bias_value)),
-                                 requires_grad=bias_learnable)
+        self.scale = nn.Parameter(
+            torch.full((1,), float(scale_value)), requires_grad=scale_learnable
+        )
+        self.bias = nn.Parameter(torch.full((1,), float(bias_value)), requires_grad=bias_learnable)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(x)
@@ -77,8 +83,9 @@ def has_output_affine(act: nn.Module) -> bool:
     return all(callable(getattr(act, name, None)) for name in ('output_affine', 'bare'))
 
 
-def output_affine(act: nn.Module,
-                  dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def output_affine(
+    act: nn.Module, dtype: torch.dtype
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """``(s, b)`` of an activation implementing the protocol, else ``None``."""
     return act.output_affine(dtype) if has_output_affine(act) else None
 

@@ -1,4 +1,5 @@
 """The channel-idle FFN of RePaFormer (SPEC §1) and its exact three-matrix fold."""
+
 import math
 from typing import List, Optional
 
@@ -10,8 +11,14 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import (Reparameterizable, check_fold_state, fold_dtype, is_affine_norm,
-                    norm_affine, norm_fold_problems)
+from ..fold import (
+    Reparameterizable,
+    check_fold_state,
+    fold_dtype,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+)
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .activations import bare_activation, has_output_affine, output_affine
 
@@ -47,16 +54,20 @@ class _ActivateFirst(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        pre, = ctx.saved_tensors
+        (pre,) = ctx.saved_tensors
         params = [p for p, need in zip(ctx.act.parameters(), ctx.needs_input_grad[3:]) if need]
         with torch.enable_grad():
             x = pre.detach().requires_grad_()
-            grads = torch.autograd.grad(ctx.act(x), [x] + params, grad[..., :ctx.active])
+            grads = torch.autograd.grad(ctx.act(x), [x] + params, grad[..., : ctx.active])
         grad_h = grad.clone()
-        grad_h[..., :ctx.active] = grads[0]
+        grad_h[..., : ctx.active] = grads[0]
         param_grads = iter(grads[1:])
-        return (grad_h, None, None,
-                *(next(param_grads) if need else None for need in ctx.needs_input_grad[3:]))
+        return (
+            grad_h,
+            None,
+            None,
+            *(next(param_grads) if need else None for need in ctx.needs_input_grad[3:]),
+        )
 
 
 def activate_first_(act: nn.Module, h: torch.Tensor, active: int) -> torch.Tensor:
@@ -67,8 +78,9 @@ def activate_first_(act: nn.Module, h: torch.Tensor, active: int) -> torch.Tenso
         return act(h)
     if active == 0:
         return h
-    if torch.is_grad_enabled() and (h.requires_grad
-                                    or any(p.requires_grad for p in act.parameters())):
+    if torch.is_grad_enabled() and (
+        h.requires_grad or any(p.requires_grad for p in act.parameters())
+    ):
         return _ActivateFirst.apply(h, act, active, *act.parameters())
     h[..., :active] = act(h[..., :active])
     return h
@@ -125,51 +137,67 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
 
     fold_state_keys = ('in_proj.weight', 'fc1.weight')  # see mmrepa.fold.check_fold_state
 
-    def __init__(self,
-                 embed_dims: int,
-                 mlp_ratio: float = 4.,
-                 idle_ratio: float = 0.75,
-                 norm_cfg: dict = dict(type='BN1d'),
-                 hidden_norm_cfg: Optional[dict] = dict(type='BN1d'),
-                 act_cfg: dict = dict(type='GELU'),
-                 bias: bool = True,
-                 drop_rate: float = 0.,
-                 drop_path_rate: float = 0.,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None,
-                 res_scale: bool = False,
-                 layer_scale_init: Optional[float] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        mlp_ratio: float = 4.0,
+        idle_ratio: float = 0.75,
+        norm_cfg: dict = dict(type='BN1d'),
+        hidden_norm_cfg: Optional[dict] = dict(type='BN1d'),
+        act_cfg: dict = dict(type='GELU'),
+        bias: bool = True,
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+        res_scale: bool = False,
+        layer_scale_init: Optional[float] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         hidden = int(round(mlp_ratio * embed_dims))
         act = build_activation_layer(act_cfg)
         norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self._set_shape(embed_dims, hidden, num_active_channels(hidden, idle_ratio), act,
-                        norm1, res_scale)
+        self._set_shape(
+            embed_dims, hidden, num_active_channels(hidden, idle_ratio), act, norm1, res_scale
+        )
         self.idle_ratio = idle_ratio
         if deploy:
             self.act = bare_activation(act)
-            self._build_folded(keep_norm=None if self.prenorm_folds else norm1,
-                               **self._folded_biases(bias, hidden_norm_cfg is not None, bias))
+            self._build_folded(
+                keep_norm=None if self.prenorm_folds else norm1,
+                **self._folded_biases(bias, hidden_norm_cfg is not None, bias),
+            )
             self.deploy = True
             return
         self.act = act
         self.res_scale = nn.Parameter(torch.ones(embed_dims)) if res_scale else None
-        self.layer_scale = (nn.Parameter(torch.full((embed_dims, ), float(layer_scale_init)))
-                            if layer_scale_init is not None else None)
+        self.layer_scale = (
+            nn.Parameter(torch.full((embed_dims,), float(layer_scale_init)))
+            if layer_scale_init is not None
+            else None
+        )
         self.norm1 = norm1
         self.fc1 = nn.Linear(embed_dims, hidden, bias=bias)
-        self.norm2 = (build_norm_layer(hidden_norm_cfg, hidden)[1]
-                      if hidden_norm_cfg is not None else None)
+        self.norm2 = (
+            build_norm_layer(hidden_norm_cfg, hidden)[1] if hidden_norm_cfg is not None else None
+        )
         self.drop = nn.Dropout(drop_rate)
         self.fc2 = nn.Linear(hidden, embed_dims, bias=bias)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
     @classmethod
-    def from_modules(cls, norm1: nn.Module, fc1: nn.Linear, act: nn.Module, fc2: nn.Linear,
-                     active_channels: int, hidden_norm: Optional[nn.Module] = None,
-                     res_scale: Optional[nn.Parameter] = None,
-                     layer_scale: Optional[nn.Parameter] = None,
-                     drop_path: Optional[nn.Module] = None) -> 'ChannelIdleFFN':
+    def from_modules(
+        cls,
+        norm1: nn.Module,
+        fc1: nn.Linear,
+        act: nn.Module,
+        fc2: nn.Linear,
+        active_channels: int,
+        hidden_norm: Optional[nn.Module] = None,
+        res_scale: Optional[nn.Parameter] = None,
+        layer_scale: Optional[nn.Parameter] = None,
+        drop_path: Optional[nn.Module] = None,
+    ) -> 'ChannelIdleFFN':
         """The FFN made of existing modules (shared, not copied): another layout of the same
         branch (e.g. a MetaFormer block's ``norm2``, ``mlp``, ``res_scale2``) folds as this
         class folds. The activation applies to the first ``active_channels`` hidden channels.
@@ -185,8 +213,15 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         self.drop_path = drop_path if drop_path is not None else nn.Identity()
         return self
 
-    def _set_shape(self, embed_dims: int, hidden: int, active: int, act: nn.Module,
-                   norm1: nn.Module, res_scale: bool) -> None:
+    def _set_shape(
+        self,
+        embed_dims: int,
+        hidden: int,
+        active: int,
+        act: nn.Module,
+        norm1: nn.Module,
+        res_scale: bool,
+    ) -> None:
         if not 0 <= active <= hidden:
             raise ValueError(f'active_channels must be in [0, {hidden}], got {active}')
         self.embed_dims = embed_dims
@@ -211,13 +246,19 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         """Which folded layers need a bias, decided from the structure (not the values), so
         that ``deploy=True`` builds what folding leaves, and no bias is zero by construction.
         """
-        out_bias = fc2_bias or hidden_norm or (self.act_has_output_affine and
-                                               self.active_channels > 0)
+        out_bias = (
+            fc2_bias or hidden_norm or (self.act_has_output_affine and self.active_channels > 0)
+        )
         in_bias = fc1_bias or self.prenorm_folds or (self.has_idle_channels and out_bias)
         return dict(in_bias=in_bias, out_bias=out_bias and not self.has_idle_channels)
 
-    def _build_folded(self, keep_norm: Optional[nn.Module], in_bias: bool, out_bias: bool,
-                      like: Optional[torch.Tensor] = None):
+    def _build_folded(
+        self,
+        keep_norm: Optional[nn.Module],
+        in_bias: bool,
+        out_bias: bool,
+        like: Optional[torch.Tensor] = None,
+    ):
         """Create the folded layers (uninitialised); ``like`` gives their device and dtype."""
         factory = dict(device=like.device, dtype=like.dtype) if like is not None else {}
         C, a = self.embed_dims, self.active_channels
@@ -226,16 +267,20 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         self.in_proj = nn.Linear(C, a + linear_width, bias=in_bias, **factory)
         self.out_proj = nn.Linear(a, C, bias=out_bias, **factory) if a > 0 else None
         # A shortcut outside in_proj keeps its residual scale as a parameter.
-        self.res_scale = (nn.Parameter(torch.ones(C, **factory))
-                          if self.has_res_scale and not self.shortcut_folded else None)
+        self.res_scale = (
+            nn.Parameter(torch.ones(C, **factory))
+            if self.has_res_scale and not self.shortcut_folded
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., C) -> (..., C), shortcut included."""
         if self.deploy:
             return self._forward_folded(x)
         tokens = x.reshape(-1, x.shape[-1])  # 2-D, so fc1's output is not a view
-        h = activate_first_(self.act, self.fc1(channels_last_norm(self.norm1, tokens)),
-                            self.active_channels)
+        h = activate_first_(
+            self.act, self.fc1(channels_last_norm(self.norm1, tokens)), self.active_channels
+        )
         if self.norm2 is not None:
             h = self.norm2(h)
         z = self.drop(self.fc2(self.drop(h)))
@@ -276,11 +321,16 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         running statistics; the hidden norm, between two matrices, must be affine."""
         problems = []
         if self.norm2 is not None and not is_affine_norm(self.norm2):
-            problems.append(f'norm2 ({type(self.norm2).__name__}) normalizes each token, which '
-                            f'is not an affine map: a hidden norm must be a BatchNorm, RepBN or '
-                            f'PRepBN (hidden_norm_cfg) to fold')
-        return (problems + norm_fold_problems(self.norm1 if self.prenorm_folds else None, 'norm1')
-                + norm_fold_problems(self.norm2, 'norm2'))
+            problems.append(
+                f'norm2 ({type(self.norm2).__name__}) normalizes each token, which '
+                f'is not an affine map: a hidden norm must be a BatchNorm, RepBN or '
+                f'PRepBN (hidden_norm_cfg) to fold'
+            )
+        return (
+            problems
+            + norm_fold_problems(self.norm1 if self.prenorm_folds else None, 'norm1')
+            + norm_fold_problems(self.norm2, 'norm2')
+        )
 
     @torch.no_grad()
     def reparameterize(self) -> None:
@@ -293,23 +343,22 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
 
         def weight_and_bias(linear):
             w = linear.weight.to(dtype)
-            b = (linear.bias.to(dtype) if linear.bias is not None else
-                 w.new_zeros(w.shape[0]))
+            b = linear.bias.to(dtype) if linear.bias is not None else w.new_zeros(w.shape[0])
             return w, b
 
-        w_in, b_in = weight_and_bias(self.fc1)      # (h, C), (h,)
+        w_in, b_in = weight_and_bias(self.fc1)  # (h, C), (h,)
         if self.prenorm_folds:
             s1, t1 = norm_affine(self.norm1, dtype)
             w_in, b_in = w_in * s1, b_in + w_in @ t1
-        w_out, b_out = weight_and_bias(self.fc2)    # (C, h), (C,)
+        w_out, b_out = weight_and_bias(self.fc2)  # (C, h), (C,)
         if self.norm2 is not None:
             s2, t2 = norm_affine(self.norm2, dtype)
             w_out, b_out = w_out * s2, b_out + w_out @ t2
-        if self.layer_scale is not None:            # scales the rows of W_out and the bias
+        if self.layer_scale is not None:  # scales the rows of W_out and the bias
             g = self.layer_scale.to(dtype)
             w_out, b_out = w_out * g[:, None], b_out * g
         affine = output_affine(self.act, dtype) if a > 0 else None
-        if affine is not None:                      # act = bare * s + b on the active slice
+        if affine is not None:  # act = bare * s + b on the active slice
             s, b = affine
             b_out = b_out + b * w_out[:, :a].sum(1)
             w_out = torch.cat([w_out[:, :a] * s, w_out[:, a:]], dim=1)
@@ -317,9 +366,12 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
 
         if self.has_idle_channels:
             w_lin = w_out[:, a:] @ w_in[a:]
-            if self.shortcut_folded:                # identity (or diag(r)) shortcut
-                w_lin = w_lin + (torch.diag(r) if r is not None else
-                                 torch.eye(C, dtype=dtype, device=w_lin.device))
+            if self.shortcut_folded:  # identity (or diag(r)) shortcut
+                w_lin = w_lin + (
+                    torch.diag(r)
+                    if r is not None
+                    else torch.eye(C, dtype=dtype, device=w_lin.device)
+                )
             b_lin = w_out[:, a:] @ b_in[a:] + b_out
             in_weight = torch.cat([w_in[:a], w_lin])
             in_bias = torch.cat([b_in[:a], b_lin])
@@ -327,10 +379,19 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
             in_weight, in_bias = w_in, b_in
 
         keep_norm = None if self.prenorm_folds else self.norm1
-        biases = self._folded_biases(self.fc1.bias is not None, self.norm2 is not None,
-                                     self.fc2.bias is not None)
-        for name in ('norm1', 'fc1', 'norm2', 'drop', 'fc2', 'drop_path', 'res_scale',
-                     'layer_scale'):
+        biases = self._folded_biases(
+            self.fc1.bias is not None, self.norm2 is not None, self.fc2.bias is not None
+        )
+        for name in (
+            'norm1',
+            'fc1',
+            'norm2',
+            'drop',
+            'fc2',
+            'drop_path',
+            'res_scale',
+            'layer_scale',
+        ):
             delattr(self, name)
         self.act = bare_activation(self.act)
         self._build_folded(keep_norm, like=like, **biases)
@@ -346,6 +407,8 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         self.deploy = True
 
     def extra_repr(self) -> str:
-        return (f'embed_dims={self.embed_dims}, hidden={self.hidden_channels}, '
-                f'active={self.active_channels}, res_scale={self.has_res_scale}, '
-                f'deploy={self.deploy}')
+        return (
+            f'embed_dims={self.embed_dims}, hidden={self.hidden_channels}, '
+            f'active={self.active_channels}, res_scale={self.has_res_scale}, '
+            f'deploy={self.deploy}'
+        )

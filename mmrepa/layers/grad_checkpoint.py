@@ -5,6 +5,7 @@ update its running statistics on both runs: the fold would then bake statistics 
 counted twice into the weights. Every block that checkpoints goes through
 :func:`checkpoint_forward`.
 """
+
 import contextlib
 from typing import Callable
 
@@ -18,8 +19,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 def batchnorm_statistics_kept(module: nn.Module):
     """While ``module`` is recomputed, its BatchNorms normalise with the batch statistics as
     before but leave ``running_mean``, ``running_var`` and ``num_batches_tracked`` unchanged."""
-    bns = [m for m in module.modules()
-           if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    bns = [
+        m
+        for m in module.modules()
+        if isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+    ]
     # momentum 0 keeps the running averages; momentum=None (cumulative) reads the count, which
     # is restored afterwards.
     saved = [(bn.momentum, bn.num_batches_tracked.clone()) for bn in bns]
@@ -40,5 +44,8 @@ def checkpoint_forward(module: nn.Module, forward: Callable, *args):
     if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         return forward(*args)
     return cp.checkpoint(
-        forward, *args, use_reentrant=False,
-        context_fn=lambda: (contextlib.nullcontext(), batchnorm_statistics_kept(module)))
+        forward,
+        *args,
+        use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), batchnorm_statistics_kept(module)),
+    )

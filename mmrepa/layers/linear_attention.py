@@ -1,4 +1,5 @@
 """SLAB's simplified linear attention (SLA, SPEC §2) inside windows."""
+
 from typing import Optional
 
 import torch
@@ -37,13 +38,21 @@ class SimplifiedLinearAttention(BaseModule):
 
     uses_mask = False  # a linear kernel has no (N, N) scores to mask
 
-    def __init__(self, embed_dims: int, num_heads: int, window_size: int,
-                 qkv_bias: bool = True, proj_drop_rate: float = 0., dwc_kernel_size: int = 5,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int,
+        window_size: int,
+        qkv_bias: bool = True,
+        proj_drop_rate: float = 0.0,
+        dwc_kernel_size: int = 5,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if embed_dims % num_heads:
-            raise ConfigError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
-                              f'({num_heads})')
+            raise ConfigError(
+                f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})'
+            )
         if dwc_kernel_size % 2 == 0:
             raise ConfigError(f'dwc_kernel_size must be odd, got {dwc_kernel_size}')
         self.embed_dims = embed_dims
@@ -53,8 +62,9 @@ class SimplifiedLinearAttention(BaseModule):
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
-        self.dwc = nn.Conv2d(head_dim, head_dim, dwc_kernel_size, padding=dwc_kernel_size // 2,
-                             groups=head_dim)
+        self.dwc = nn.Conv2d(
+            head_dim, head_dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=head_dim
+        )
         self.positional_encoding = nn.Parameter(torch.zeros(1, window_size**2, embed_dims))
 
     def attend(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -71,8 +81,8 @@ class SimplifiedLinearAttention(BaseModule):
         work = torch.promote_types(qkv.dtype, torch.float32)
         with torch.autocast(device_type=qkv.device.type, enabled=False):
             qw, kw = q.to(work), k.to(work)
-            kv = kw.transpose(-2, -1) @ v.to(work)                  # B*nW, h, d, d
-            norm = qw @ kw.sum(dim=2).unsqueeze(-1)                 # B*nW, h, N, 1
+            kv = kw.transpose(-2, -1) @ v.to(work)  # B*nW, h, d, d
+            norm = qw @ kw.sum(dim=2).unsqueeze(-1)  # B*nW, h, N, 1
             out = ((qw @ kv) / (norm + 1e-6)).to(qkv.dtype)
         d = C // h
         local = self.dwc(v.transpose(-2, -1).reshape(BnW * h, d, ws, ws))
@@ -83,5 +93,7 @@ class SimplifiedLinearAttention(BaseModule):
         return self.proj_drop(self.proj(self.attend(self.qkv(x))))
 
     def extra_repr(self) -> str:
-        return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
-                f'window_size={self.window_size}')
+        return (
+            f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
+            f'window_size={self.window_size}'
+        )

@@ -5,6 +5,7 @@ which detection and segmentation must not need; this one is ``'LN2d'`` in mmrepa
 registry (``'mmrepa.LN2d'`` from any scope, plain ``'LN2d'`` through
 :func:`mmrepa.registry.build_norm_layer`).
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ class LayerNorm2d(nn.LayerNorm):
 
     Any (B, C, *spatial) input works; dimension 1 is normalized.
     """
+
     _abbr_ = 'ln'  # mmcv names the layer ``ln`` inside a ConvModule (``neck.x.ln.weight``)
 
     def __init__(self, num_channels: int, eps: float = 1e-6, elementwise_affine: bool = True):
@@ -34,8 +36,10 @@ class LayerNorm2d(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[1] != self.normalized_shape[0]:
-            raise ValueError(f'LN2d expects (B, {self.normalized_shape[0]}, ...) inputs, '
-                             f'got shape {tuple(x.shape)}')
+            raise ValueError(
+                f'LN2d expects (B, {self.normalized_shape[0]}, ...) inputs, '
+                f'got shape {tuple(x.shape)}'
+            )
         # F.layer_norm normalizes the trailing dims: move C last, normalize, move it back.
         y = F.layer_norm(x.movedim(1, -1), self.normalized_shape, self.weight, self.bias, self.eps)
         return y.movedim(-1, 1)

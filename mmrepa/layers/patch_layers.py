@@ -4,6 +4,7 @@ Both subclasses keep mmcv's forward and state-dict names (``projection``/``reduc
 ``norm``); folding only rewrites the weights and sets ``norm`` to None, which mmcv's forward
 already skips. With a LayerNorm nothing folds and :meth:`reparameterize` changes nothing.
 """
+
 from typing import List
 
 import torch
@@ -13,8 +14,7 @@ from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import (Reparameterizable, fold_dtype, is_affine_norm, norm_affine,
-                    norm_fold_problems)
+from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine, norm_fold_problems
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
 
@@ -59,9 +59,12 @@ class _NormFolding(Reparameterizable):
         layer = getattr(self, self._target)
         dtype = fold_dtype(layer.weight)
         scale, shift = norm_affine(self.norm, dtype)
-        weight, bias = self._fold(layer.weight.to(dtype),
-                                  None if layer.bias is None else layer.bias.to(dtype),
-                                  scale, shift)
+        weight, bias = self._fold(
+            layer.weight.to(dtype),
+            None if layer.bias is None else layer.bias.to(dtype),
+            scale,
+            shift,
+        )
         self._drop_foldable_norm()  # gives the layer a bias if it had none
         layer.weight.copy_(weight)
         layer.bias.copy_(bias)
@@ -129,13 +132,20 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
         s = self.sampler
         # Swin's 2x2, stride-2 merging with corner padding gathers with one reshape instead of
         # a permute to NCHW, im2col, and a copy before the norm.
-        self._is_2x2 = (s.kernel_size == (2, 2) and s.stride == (2, 2) and s.dilation == (1, 1)
-                        and s.padding == (0, 0) and self.adaptive_padding is not None
-                        and self.adaptive_padding.padding == 'corner')
+        self._is_2x2 = (
+            s.kernel_size == (2, 2)
+            and s.stride == (2, 2)
+            and s.dilation == (1, 1)
+            and s.padding == (0, 0)
+            and self.adaptive_padding is not None
+            and self.adaptive_padding.padding == 'corner'
+        )
         if not self._is_2x2 and isinstance(self.norm, _BatchNorm):
-            raise ConfigError('FoldablePatchMerging: a BatchNorm norm_cfg needs the 2x2, stride-2 '
-                              "merging with 'corner' padding (Swin's); use a LayerNorm, RepBN or "
-                              'PRepBN with other samplers')
+            raise ConfigError(
+                'FoldablePatchMerging: a BatchNorm norm_cfg needs the 2x2, stride-2 '
+                "merging with 'corner' padding (Swin's); use a LayerNorm, RepBN or "
+                'PRepBN with other samplers'
+            )
         if deploy:
             self._drop_foldable_norm()
 

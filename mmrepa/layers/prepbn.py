@@ -1,4 +1,5 @@
 """RepBN and progressive RepBN (PRepBN) of SLAB (SPEC §2), on channels-last tokens (..., C)."""
+
 from typing import Tuple
 
 import torch
@@ -62,8 +63,9 @@ class PRepBN(nn.Module):
     Input and output: (..., C).
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
-                 lam: float = 1.0):
+    def __init__(
+        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, lam: float = 1.0
+    ):
         super().__init__()
         self.ln = nn.LayerNorm(num_features, eps=eps)
         self.repbn = RepBN(num_features, eps=eps, momentum=momentum)

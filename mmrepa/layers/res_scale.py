@@ -1,4 +1,5 @@
 """ResScale: a learnable per-channel scale on a residual shortcut (MetaFormer baselines)."""
+
 import torch
 import torch.nn as nn
 
@@ -12,7 +13,7 @@ class ResScale(nn.Module):
 
     def __init__(self, dim: int, init_value: float = 1.0):
         super().__init__()
-        self.scale = nn.Parameter(torch.full((dim, ), float(init_value)))
+        self.scale = nn.Parameter(torch.full((dim,), float(init_value)))
 
     def forward(self, shortcut: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(branch, shortcut, self.scale)

@@ -1,4 +1,5 @@
 """Inverted separable convolution, ConvFormer's token mixer, with its StarReLU-scale fold."""
+
 from typing import List, Optional
 
 import torch
@@ -35,21 +36,30 @@ class SepConv(Reparameterizable, BaseModule):
         init_cfg (dict, optional): Initialization config.
     """
 
-    def __init__(self, dim: int, expansion_ratio: float = 2, kernel_size: int = 7,
-                 bias: bool = False, act_cfg: dict = dict(type='StarReLU'),
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        dim: int,
+        expansion_ratio: float = 2,
+        kernel_size: int = 7,
+        bias: bool = False,
+        act_cfg: dict = dict(type='StarReLU'),
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if kernel_size % 2 != 1:
-            raise ConfigError(f'SepConv kernel_size must be odd (same-size output), '
-                              f'got {kernel_size}')
+            raise ConfigError(
+                f'SepConv kernel_size must be odd (same-size output), got {kernel_size}'
+            )
         hidden = int(expansion_ratio * dim)
         self.deploy = deploy
         self.pwconv1 = nn.Linear(dim, hidden, bias=bias)
         act = build_activation_layer(act_cfg)
         self.foldable = has_output_affine(act)
         self.act1 = SquaredReLU(bias=True) if deploy and self.foldable else act
-        self.dwconv = nn.Conv2d(hidden, hidden, kernel_size, padding=kernel_size // 2,
-                                groups=hidden, bias=bias)
+        self.dwconv = nn.Conv2d(
+            hidden, hidden, kernel_size, padding=kernel_size // 2, groups=hidden, bias=bias
+        )
         self.pwconv2 = nn.Linear(hidden, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,9 +73,11 @@ class SepConv(Reparameterizable, BaseModule):
         if self.deploy or not self.foldable:
             return []
         if output_affine(self.act1, fold_dtype(self.dwconv.weight))[0] == 0:
-            return ['the StarReLU scale before the depthwise conv is exactly 0, so its output is '
-                    'the constant bias, which the zero-padded conv does not map to a constant: '
-                    'this SepConv cannot be folded']
+            return [
+                'the StarReLU scale before the depthwise conv is exactly 0, so its output is '
+                'the constant bias, which the zero-padded conv does not map to a constant: '
+                'this SepConv cannot be folded'
+            ]
         return []
 
     @torch.no_grad()

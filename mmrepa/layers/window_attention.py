@@ -6,6 +6,7 @@ core ``w_msa`` is softmax window attention (:class:`WindowMSA`) or SLAB's simpli
 attention (:class:`~mmrepa.layers.SimplifiedLinearAttention`); both expose ``qkv``, ``proj``,
 ``proj_drop`` and ``attend(qkv_windows, mask)``.
 """
+
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -40,13 +41,15 @@ class WindowLayout(NamedTuple):
     zeroed after the gather). ``scatter``: (H * W,) window position of every real token.
     ``padded``: the window positions that hold padding.
     """
+
     gather: torch.Tensor
     scatter: torch.Tensor
     padded: torch.Tensor
 
 
-def window_layout(H: int, W: int, window_size: int, shift_size: int,
-                  device: torch.device) -> WindowLayout:
+def window_layout(
+    H: int, W: int, window_size: int, shift_size: int, device: torch.device
+) -> WindowLayout:
     """One index gather replaces pad + roll + partition (and one the way back): on a CPU each of
     those is a full copy of the map, the roll two."""
     Hp, Wp = (-(-s // window_size) * window_size for s in (H, W))
@@ -63,15 +66,17 @@ def window_layout(H: int, W: int, window_size: int, shift_size: int,
     positions = torch.arange(gather.numel(), device=device)
     inverse = torch.zeros_like(positions).scatter(0, gather, positions)
     # padding's positions: in the order of the ids, not of the positions (written as a set)
-    scatter, padded = inverse[:H * W], inverse[H * W:]
+    scatter, padded = inverse[: H * W], inverse[H * W :]
     real = gather < H * W
     return WindowLayout(gather.masked_fill(~real, 0), scatter, padded)
 
 
-def shifted_window_mask(H: int, W: int, window_size: int, shift_size: int,
-                        device: torch.device) -> torch.Tensor:
+def shifted_window_mask(
+    H: int, W: int, window_size: int, shift_size: int, device: torch.device
+) -> torch.Tensor:
     """Additive mask (nW, N, N) that keeps a shifted window from mixing regions that are not
     neighbours in the image: 0 within a region, -100 across (as in Swin)."""
+
     def bands(n):  # 0 before the last window, 1 in it before the shift, 2 in the shift
         i = torch.arange(n, device=device)
         return (i >= n - window_size).long() + (i >= n - shift_size).long()
@@ -101,27 +106,38 @@ class WindowMSA(BaseModule):
 
     uses_mask = True  # honours the shifted-window mask
 
-    def __init__(self, embed_dims: int, num_heads: int, window_size: int,
-                 qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int,
+        window_size: int,
+        qkv_bias: bool = True,
+        qk_scale: Optional[float] = None,
+        attn_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if embed_dims % num_heads:
-            raise ConfigError(f'embed_dims ({embed_dims}) must be divisible by num_heads '
-                              f'({num_heads})')
+            raise ConfigError(
+                f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})'
+            )
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = window_size
-        self.scale = qk_scale or (embed_dims // num_heads)**-0.5
+        self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
         self.attn_drop_rate = attn_drop_rate
         self.relative_position_bias_table = nn.Parameter(
-            torch.zeros((2 * window_size - 1)**2, num_heads))
-        coords = torch.stack(torch.meshgrid(
-            torch.arange(window_size), torch.arange(window_size), indexing='ij')).flatten(1)
+            torch.zeros((2 * window_size - 1) ** 2, num_heads)
+        )
+        coords = torch.stack(
+            torch.meshgrid(torch.arange(window_size), torch.arange(window_size), indexing='ij')
+        ).flatten(1)
         rel = (coords[:, :, None] - coords[:, None, :]) + (window_size - 1)  # 2, N, N
         # Derived from window_size, so not part of the state dict.
-        self.register_buffer('relative_position_index',
-                             rel[0] * (2 * window_size - 1) + rel[1], persistent=False)
+        self.register_buffer(
+            'relative_position_index', rel[0] * (2 * window_size - 1) + rel[1], persistent=False
+        )
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
@@ -148,8 +164,13 @@ class WindowMSA(BaseModule):
             bias = (bias + mask.unsqueeze(1)).unsqueeze(0).expand(BnW // nW, -1, -1, -1, -1)
             bias = bias.reshape(BnW, *bias.shape[2:])
         x = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias.to(q.dtype),
-            dropout_p=self.attn_drop_rate if self.training else 0., scale=self.scale)
+            q,
+            k,
+            v,
+            attn_mask=bias.to(q.dtype),
+            dropout_p=self.attn_drop_rate if self.training else 0.0,
+            scale=self.scale,
+        )
         return x.reshape(BnW, self.num_heads, N, -1).transpose(1, 2).reshape(BnW, N, C)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -180,28 +201,46 @@ class ShiftWindowMSA(BaseModule):
     Input (B, H*W, C) with ``hw_shape = (H, W)``; output (B, H*W, C).
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, window_size: int,
-                 shift_size: int = 0, qkv_bias: bool = True, qk_scale: Optional[float] = None,
-                 attn_drop_rate: float = 0., proj_drop_rate: float = 0.,
-                 drop_path_rate: float = 0., attn_type: str = 'S', norm_folded: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int,
+        window_size: int,
+        shift_size: int = 0,
+        qkv_bias: bool = True,
+        qk_scale: Optional[float] = None,
+        attn_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        attn_type: str = 'S',
+        norm_folded: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if not 0 <= shift_size < window_size:
-            raise ConfigError(f'shift_size must be in [0, window_size={window_size}), '
-                             f'got {shift_size}')
+            raise ConfigError(
+                f'shift_size must be in [0, window_size={window_size}), got {shift_size}'
+            )
         self.window_size = window_size
         self.shift_size = shift_size
         qkv_bias = qkv_bias or norm_folded
         if attn_type == 'S':
-            self.w_msa = WindowMSA(embed_dims, num_heads, window_size, qkv_bias, qk_scale,
-                                   attn_drop_rate, proj_drop_rate)
+            self.w_msa = WindowMSA(
+                embed_dims,
+                num_heads,
+                window_size,
+                qkv_bias,
+                qk_scale,
+                attn_drop_rate,
+                proj_drop_rate,
+            )
         elif attn_type == 'L':
-            self.w_msa = SimplifiedLinearAttention(embed_dims, num_heads, window_size, qkv_bias,
-                                                   proj_drop_rate)
+            self.w_msa = SimplifiedLinearAttention(
+                embed_dims, num_heads, window_size, qkv_bias, proj_drop_rate
+            )
         else:
             raise ConfigError(f"attn_type must be 'S' (softmax) or 'L' (linear), got {attn_type!r}")
-        self.register_buffer('padded_qkv',
-                             torch.zeros(3 * embed_dims) if norm_folded else None)
+        self.register_buffer('padded_qkv', torch.zeros(3 * embed_dims) if norm_folded else None)
         self._layout_cache = None
         self.drop = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
@@ -214,8 +253,9 @@ class ShiftWindowMSA(BaseModule):
         """Whether :meth:`forward` uses a shifted-window mask."""
         return bool(self.shift_size) and self.w_msa.uses_mask
 
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int],
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, hw_shape: Tuple[int, int], mask: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """``mask``: the shifted-window mask for the padded shape (computed here if None)."""
         B, L, C = x.shape
         H, W = hw_shape
@@ -256,8 +296,10 @@ class ShiftWindowMSA(BaseModule):
         key = (tuple(hw_shape), device)
         if self._layout_cache is None or self._layout_cache[0] != key:
             # the same size usually comes again (a video, a benchmark, a test set of one size)
-            self._layout_cache = (key, window_layout(*hw_shape, self.window_size,
-                                                     self.shift_size, device))
+            self._layout_cache = (
+                key,
+                window_layout(*hw_shape, self.window_size, self.shift_size, device),
+            )
         return self._layout_cache[1]
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
 """Multi-head self-attention over the whole token map or over windows (CAFormer's mixer)."""
+
 import math
 from typing import Optional
 
@@ -37,14 +38,24 @@ class WindowedSelfAttention(BaseModule):
         init_cfg (dict, optional): Initialization config.
     """
 
-    def __init__(self, embed_dims: int, head_dim: int = 32, num_heads: Optional[int] = None,
-                 window_size: Optional[int] = None, qkv_bias: bool = False,
-                 proj_bias: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        head_dim: int = 32,
+        num_heads: Optional[int] = None,
+        window_size: Optional[int] = None,
+        qkv_bias: bool = False,
+        proj_bias: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
-        if window_size is not None and (isinstance(window_size, bool) or
-                                        not isinstance(window_size, int) or window_size < 1):
-            raise ConfigError(f'window_size must be an integer >= 1 or None (global attention), '
-                              f'got {window_size!r}')
+        if window_size is not None and (
+            isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
+        ):
+            raise ConfigError(
+                f'window_size must be an integer >= 1 or None (global attention), '
+                f'got {window_size!r}'
+            )
         self.head_dim = head_dim
         self.num_heads = num_heads or max(1, embed_dims // head_dim)
         self.window_size = window_size
@@ -77,5 +88,6 @@ class WindowedSelfAttention(BaseModule):
         return self.proj(out.transpose(1, 2).reshape(G, N, -1))
 
     def extra_repr(self) -> str:
-        return (f'num_heads={self.num_heads}, head_dim={self.head_dim}, '
-                f'window_size={self.window_size}')
+        return (
+            f'num_heads={self.num_heads}, head_dim={self.head_dim}, window_size={self.window_size}'
+        )

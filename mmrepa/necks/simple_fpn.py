@@ -4,6 +4,7 @@ Li et al. 2022, "Exploring Plain Vision Transformer Backbones for Object Detecti
 (non-hierarchical) backbone gives one map; deconvolutions and a max-pool make the other scales
 from it, with no top-down or lateral fusion between levels.
 """
+
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -65,15 +66,22 @@ class SimpleFPN(BaseModule):
     num_outs=5)`` with anchor or prior strides (4, 8, 16, 32, 64).
     """
 
-    def __init__(self, in_channels: int, out_channels: int = 256, num_outs: int = 5,
-                 scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
-                 norm_cfg: Optional[dict] = dict(type='LN2d', eps=1e-6),
-                 act_cfg: Optional[dict] = None,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int = 256,
+        num_outs: int = 5,
+        scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
+        norm_cfg: Optional[dict] = dict(type='LN2d', eps=1e-6),
+        act_cfg: Optional[dict] = None,
+        init_cfg: Optional[Union[dict, List[dict]]] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels <= 0:
-            raise ConfigTypeError(f'SimpleFPN in_channels must be a positive int, the channels '
-                                  f"of the backbone's last map, got {in_channels!r}")
+            raise ConfigTypeError(
+                f'SimpleFPN in_channels must be a positive int, the channels '
+                f"of the backbone's last map, got {in_channels!r}"
+            )
         scale_factors = self._check_scale_factors(scale_factors)
         for factor in scale_factors:
             divisor = _CHANNEL_DIVISORS[factor]
@@ -81,11 +89,14 @@ class SimpleFPN(BaseModule):
                 raise ConfigError(
                     f'SimpleFPN: scale factor {factor:g} makes a level of in_channels / '
                     f'{divisor} channels, but in_channels={in_channels} is not divisible by '
-                    f'{divisor}; change in_channels or drop {factor:g} from scale_factors')
+                    f'{divisor}; change in_channels or drop {factor:g} from scale_factors'
+                )
         if num_outs < len(scale_factors):
-            raise ConfigError(f'SimpleFPN num_outs={num_outs} is smaller than the '
-                              f'{len(scale_factors)} levels of scale_factors={scale_factors}; '
-                              f'set num_outs >= {len(scale_factors)} or use fewer scale factors')
+            raise ConfigError(
+                f'SimpleFPN num_outs={num_outs} is smaller than the '
+                f'{len(scale_factors)} levels of scale_factors={scale_factors}; '
+                f'set num_outs >= {len(scale_factors)} or use fewer scale factors'
+            )
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.num_outs = num_outs
@@ -101,27 +112,40 @@ class SimpleFPN(BaseModule):
             self.stages.append(stage)
             level_channels = in_channels // _CHANNEL_DIVISORS[factor]
             self.lateral_convs.append(
-                ConvModule(level_channels, out_channels, 1, norm_cfg=conv_norm_cfg,
-                           act_cfg=act_cfg))
+                ConvModule(level_channels, out_channels, 1, norm_cfg=conv_norm_cfg, act_cfg=act_cfg)
+            )
             self.fpn_convs.append(
-                ConvModule(out_channels, out_channels, 3, padding=1, norm_cfg=conv_norm_cfg,
-                           act_cfg=act_cfg))
+                ConvModule(
+                    out_channels,
+                    out_channels,
+                    3,
+                    padding=1,
+                    norm_cfg=conv_norm_cfg,
+                    act_cfg=act_cfg,
+                )
+            )
 
     @staticmethod
     def _check_scale_factors(scale_factors: Sequence[float]) -> Tuple[float, ...]:
         allowed = tuple(_CHANNEL_DIVISORS)
         if isinstance(scale_factors, (int, float)) or not len(scale_factors):
-            raise ConfigError(f'SimpleFPN scale_factors must be a non-empty sequence from '
-                              f'{allowed}, got {scale_factors!r}')
+            raise ConfigError(
+                f'SimpleFPN scale_factors must be a non-empty sequence from '
+                f'{allowed}, got {scale_factors!r}'
+            )
         bad = [f for f in scale_factors if not isinstance(f, (int, float)) or f not in allowed]
         if bad:
-            raise ConfigError(f'SimpleFPN scale_factors {tuple(scale_factors)}: {bad} not '
-                              f'supported; each must be one of {allowed}')
+            raise ConfigError(
+                f'SimpleFPN scale_factors {tuple(scale_factors)}: {bad} not '
+                f'supported; each must be one of {allowed}'
+            )
         factors = tuple(float(f) for f in scale_factors)
         # Detectors pair output i with the i-th anchor/prior stride: finest level first.
         if any(a <= b for a, b in zip(factors, factors[1:])):
-            raise ConfigError(f'SimpleFPN scale_factors {factors} must be distinct and in '
-                              f'decreasing order (finest level first), e.g. {allowed}')
+            raise ConfigError(
+                f'SimpleFPN scale_factors {factors} must be distinct and in '
+                f'decreasing order (finest level first), e.g. {allowed}'
+            )
         return factors
 
     @staticmethod
@@ -139,24 +163,30 @@ class SimpleFPN(BaseModule):
             return nn.Identity()
         return nn.MaxPool2d(2, stride=2)
 
-    def forward(self, inputs: Union[torch.Tensor, Sequence[torch.Tensor]]
-                ) -> Tuple[torch.Tensor, ...]:
+    def forward(
+        self, inputs: Union[torch.Tensor, Sequence[torch.Tensor]]
+    ) -> Tuple[torch.Tensor, ...]:
         """``inputs``: the backbone's outputs (or one map); returns ``num_outs`` maps."""
         if isinstance(inputs, torch.Tensor):
             x = inputs
         elif isinstance(inputs, (tuple, list)) and len(inputs):
             x = inputs[-1]
         else:
-            raise TypeError(f'SimpleFPN takes a tensor or a non-empty tuple/list of tensors '
-                            f'(the backbone outputs), got {type(inputs).__name__}'
-                            + (' (empty)' if isinstance(inputs, (tuple, list)) else ''))
+            raise TypeError(
+                f'SimpleFPN takes a tensor or a non-empty tuple/list of tensors '
+                f'(the backbone outputs), got {type(inputs).__name__}'
+                + (' (empty)' if isinstance(inputs, (tuple, list)) else '')
+            )
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f'SimpleFPN expected the last backbone output as (B, {self.in_channels}, H, W) '
-                f'(in_channels={self.in_channels}), got shape {tuple(x.shape)}; set the neck\'s '
-                f"in_channels to the channels of the backbone's last output")
-        outs = [fpn(lateral(stage(x)))
-                for stage, lateral, fpn in zip(self.stages, self.lateral_convs, self.fpn_convs)]
+                f"(in_channels={self.in_channels}), got shape {tuple(x.shape)}; set the neck's "
+                f"in_channels to the channels of the backbone's last output"
+            )
+        outs = [
+            fpn(lateral(stage(x)))
+            for stage, lateral, fpn in zip(self.stages, self.lateral_convs, self.fpn_convs)
+        ]
         for _ in range(self.num_outs - len(outs)):
             outs.append(F.max_pool2d(outs[-1], 1, stride=2))
         return tuple(outs)

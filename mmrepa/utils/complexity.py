@@ -3,6 +3,7 @@
 mmengine's ``FlopAnalyzer`` counts one fused multiply-add as one "flop", i.e. MACs. It has no
 handle for ``scaled_dot_product_attention``, so attention would count as free; we add one.
 """
+
 from typing import Any, List
 
 import torch
@@ -44,4 +45,4 @@ def model_complexity(model: nn.Module, data: dict) -> dict:
     """:func:`complexity` of a detector's or segmentor's tensor forward on ``data`` (the
     output of its data preprocessor). The data samples go along: two-stage detectors need the
     image metas between the RPN and the RoI head."""
-    return complexity(_TensorForward(model, data['data_samples']), (data['inputs'], ))
+    return complexity(_TensorForward(model, data['data_samples']), (data['inputs'],))

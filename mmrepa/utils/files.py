@@ -19,6 +19,7 @@ created with mode 0600 (0700) whatever the umask; renamed into place it would ke
 unlike the files mmengine and ``open()`` write (0644 under the usual umask 022). Every output
 written through a temporary gets :func:`set_user_mode` before its rename.
 """
+
 import contextlib
 import json
 import os
@@ -52,9 +53,11 @@ def set_user_mode(path: str) -> None:
 
 # ------------------------------------------------------------------ the guard: inputs stay
 
+
 class Output(NamedTuple):
     """A path a tool writes: ``option`` is how the command line names it (``'--out'``,
     ``'OUT'``); ``folder``: the tool writes a folder there."""
+
     option: str
     path: Optional[str]
     folder: bool = False
@@ -91,8 +94,11 @@ def _held_input(folder: str, inputs: List[tuple]) -> Optional[Tuple[str, str, st
     for what, path, resolved, _ in inputs:
         if _within(resolved, real):
             return what, path, 'holds'
-    ids = {file_id: (what, path) for what, path, _, file_id in inputs
-           if file_id is not None and osp.isfile(path)}
+    ids = {
+        file_id: (what, path)
+        for what, path, _, file_id in inputs
+        if file_id is not None and osp.isfile(path)
+    }
     if ids and osp.isdir(folder):
         for root, _, files in os.walk(folder):
             for name in files:
@@ -108,8 +114,9 @@ def _first_existing(folder: str) -> str:
     return folder
 
 
-def check_outputs(tool: str, outputs: Iterable[tuple], inputs: Iterable[tuple],
-                  force: Optional[bool] = None) -> None:
+def check_outputs(
+    tool: str, outputs: Iterable[tuple], inputs: Iterable[tuple], force: Optional[bool] = None
+) -> None:
     """Refuse, with one line, outputs that would destroy an input or cannot be written.
 
     Args:
@@ -132,42 +139,57 @@ def check_outputs(tool: str, outputs: Iterable[tuple], inputs: Iterable[tuple],
     Nothing is created: it only looks at the paths.
     """
     from ..errors import InputError  # here: the module loads alone, without mmrepa's imports
+
     outputs = [Output(*o) for o in outputs if o[1]]
-    inputs = [(what, path, osp.realpath(path), _file_id(path)) for what, path in inputs
-              if path and '://' not in path and osp.exists(path)]
+    inputs = [
+        (what, path, osp.realpath(path), _file_id(path))
+        for what, path in inputs
+        if path and '://' not in path and osp.exists(path)
+    ]
     never = ', even with --force' if force is not None else ''
     seen = {}
     for option, out, folder in outputs:
         for what, path, _, file_id in inputs:
             how = _same_file(out, path, file_id)
             if how:
-                raise InputError(f'{tool}: {option} {out} {how} the input {what} {path}: an '
-                                 f'output never replaces an input{never}; write it elsewhere')
+                raise InputError(
+                    f'{tool}: {option} {out} {how} the input {what} {path}: an '
+                    f'output never replaces an input{never}; write it elsewhere'
+                )
         held = _held_input(out, inputs) if osp.isdir(out) else None
         if held:
             what, path, how = held
-            raise InputError(f'{tool}: {option} {out} {how} the input {what} {path}: an output '
-                             f'folder never holds an input{never}; choose another folder')
+            raise InputError(
+                f'{tool}: {option} {out} {how} the input {what} {path}: an output '
+                f'folder never holds an input{never}; choose another folder'
+            )
         real = osp.realpath(out)
         if real in seen:
-            raise InputError(f'{tool}: {seen[real]} and {option} are both {out}; give each '
-                             'output its own path')
+            raise InputError(
+                f'{tool}: {seen[real]} and {option} are both {out}; give each output its own path'
+            )
         seen[real] = option
         if osp.exists(out) and osp.isdir(out) != folder:
-            raise InputError(f'{tool}: {option} {out} is a {"file" if folder else "folder"}; '
-                             f'name a {"folder" if folder else "file"}')
+            raise InputError(
+                f'{tool}: {option} {out} is a {"file" if folder else "folder"}; '
+                f'name a {"folder" if folder else "file"}'
+            )
         parent = _first_existing(osp.dirname(osp.abspath(out)))
         if not osp.isdir(parent):
-            raise InputError(f'{tool}: {option} {out}: {parent} is a file, not a folder; '
-                             'write it elsewhere')
+            raise InputError(
+                f'{tool}: {option} {out}: {parent} is a file, not a folder; write it elsewhere'
+            )
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise InputError(f'{tool}: {option} {out}: cannot write in {parent} (permission '
-                             'denied); write it elsewhere')
+            raise InputError(
+                f'{tool}: {option} {out}: cannot write in {parent} (permission '
+                'denied); write it elsewhere'
+            )
         if force is False and osp.lexists(out):
             raise InputError(f'{tool}: {option} {out} exists; pass --force to replace it')
 
 
 # ------------------------------------------------------------ writing: whole or not at all
+
 
 @contextlib.contextmanager
 def raise_on_termination() -> Iterator[None]:

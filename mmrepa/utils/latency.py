@@ -3,6 +3,7 @@
 Variants are timed interleaved (A B A B ...) so that drift of the machine (thermal state,
 other load) affects all of them alike.
 """
+
 import statistics
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional
@@ -21,6 +22,7 @@ def cpu_name() -> str:
 
 class LatencyStats(NamedTuple):
     """Per-call timings of one variant, in milliseconds."""
+
     median: float
     min: float
     max: float
@@ -28,8 +30,9 @@ class LatencyStats(NamedTuple):
 
     @classmethod
     def of(cls, samples_ms: List[float]) -> 'LatencyStats':
-        return cls(statistics.median(samples_ms), min(samples_ms), max(samples_ms),
-                   list(samples_ms))
+        return cls(
+            statistics.median(samples_ms), min(samples_ms), max(samples_ms), list(samples_ms)
+        )
 
 
 def _device_of(device) -> torch.device:
@@ -51,12 +54,13 @@ def time_call(fn: Callable[[], object], device=None) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def time_interleaved(variants: Dict[str, Callable[[], object]],
-                     repeat: int = 10,
-                     warmup: int = 2,
-                     device=None,
-                     progress: Optional[Callable[[int, int], None]] = None
-                     ) -> Dict[str, LatencyStats]:
+def time_interleaved(
+    variants: Dict[str, Callable[[], object]],
+    repeat: int = 10,
+    warmup: int = 2,
+    device=None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> Dict[str, LatencyStats]:
     """Time each variant ``repeat`` times after ``warmup`` untimed rounds, interleaved.
 
     Args:

@@ -10,6 +10,7 @@ when the measurement starts; :func:`finish` adds the load average when it ends::
 A latency means little without this: the same model runs several times faster where torch and
 onnxruntime find AVX-512, VNNI (INT8 dot products) or AMX, and slower on a loaded machine.
 """
+
 import os
 import os.path as osp
 import platform
@@ -23,8 +24,10 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # /proc/cpuinfo flags that are SIMD instruction sets. x86 ("flags"): every SSE4 / AVX / AVX-512
 # / AMX subset the kernel names (avx2, avx512f, avx512_vnni, avx512_bf16, avx_vnni, amx_tile,
 # ...), FMA and F16C. Arm ("Features"): the NEON, SVE and SME families, BF16 and I8MM.
-_VECTOR = {'flags': (('sse4', 'avx', 'amx'), {'fma', 'f16c'}),
-           'Features': (('asimd', 'sve', 'sme'), {'bf16', 'i8mm'})}
+_VECTOR = {
+    'flags': (('sse4', 'avx', 'amx'), {'fma', 'f16c'}),
+    'Features': (('asimd', 'sve', 'sme'), {'bf16', 'i8mm'}),
+}
 
 
 def read_cpuinfo(path: str = '/proc/cpuinfo') -> Dict[str, str]:
@@ -76,9 +79,9 @@ def load_average() -> Optional[List[float]]:
 def git_commit(root: str = ROOT) -> Optional[str]:
     """The short commit checked out at ``root``, with " (modified)" if tracked files differ from
     it; None outside a git checkout."""
+
     def git(*args):
-        proc = subprocess.run(['git', *args], cwd=root, capture_output=True, text=True,
-                              timeout=30)
+        proc = subprocess.run(['git', *args], cwd=root, capture_output=True, text=True, timeout=30)
         return proc.stdout.strip() if proc.returncode == 0 else None
 
     try:

@@ -9,12 +9,13 @@ checkpoint is loaded strictly into the HS config's model first, so a checkpoint 
 stops here. OUT may not be an input (the checkpoint, the config) or a link to one, even with
 --force; it is written atomically, and an existing OUT needs --force.
 """
+
 import argparse
 import sys
 
 from mmrepa.apis import init_model, load_config, one_line_errors
 from mmrepa.checkpoint import save_atomically
-from mmrepa.tool_inputs import config_inputs
+from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.utils.files import check_outputs
 
 TOOL = 'tools/misc/repopt_export_scales.py'
@@ -33,18 +34,23 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     outputs = [('OUT', args.out)]
-    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)],
-                  args.force)
+    check_outputs(
+        TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)], args.force
+    )
     cfg = load_config(args.config)
     check_outputs(TOOL, outputs, config_inputs(cfg), args.force)
     backbone = init_model(cfg, args.checkpoint).backbone
     if type(backbone).__name__ != 'RepOptVGG' or backbone.mode != 'hs':
-        sys.exit(f"{args.config}: the backbone is not RepOptVGG(mode='hs'); give the "
-                 'Hyper-Search config the checkpoint was trained with')
+        sys.exit(
+            f"{args.config}: the backbone is not RepOptVGG(mode='hs'); give the "
+            'Hyper-Search config the checkpoint was trained with'
+        )
     scales = backbone.export_scales()
     save_atomically(scales, args.out)
-    print(f'wrote {len(scales)} scale vectors ({sum(v.numel() for v in scales.values())} '
-          f'values) to {args.out}; use it as model.backbone.scales of a target config')
+    print(
+        f'wrote {len(scales)} scale vectors ({sum(v.numel() for v in scales.values())} '
+        f'values) to {args.out}; use it as model.backbone.scales of a target config'
+    )
 
 
 if __name__ == '__main__':

@@ -10,6 +10,7 @@ per layer, plain SGD). Then both are folded, which gives the same network, and t
 is timed too (equal up to noise). Prints the medians, the ratios, and the MACs and activation
 memory of one training forward that explain them.
 """
+
 import argparse
 import copy
 import json
@@ -26,7 +27,6 @@ from mmrepa.utils.machine import finish, machine_info
 
 
 class Classifier(nn.Module):
-
     def __init__(self, backbone: RepOptVGG):
         super().__init__()
         self.backbone = backbone
@@ -37,19 +37,26 @@ class Classifier(nn.Module):
 
 
 def build(arch: str, mode: str):
-    model = Classifier(RepOptVGG(arch, mode=mode, out_indices=(3, ))).train()
+    model = Classifier(RepOptVGG(arch, mode=mode, out_indices=(3,))).train()
     if mode == 'target':
         with torch.no_grad():
             for m in model.backbone.layers().values():
-                m.set_scales(torch.rand(m.out_channels) + 0.5, torch.rand(m.out_channels) + 0.5,
-                             torch.rand(m.out_channels) + 0.5)
+                m.set_scales(
+                    torch.rand(m.out_channels) + 0.5,
+                    torch.rand(m.out_channels) + 0.5,
+                    torch.rand(m.out_channels) + 0.5,
+                )
         model.backbone.reinitialize()
-        optim = dict(constructor='RepOptOptimWrapperConstructor',
-                     optimizer=dict(type='RepOptSGD', lr=0.01, momentum=0.9, nesterov=True,
-                                    weight_decay=4e-5))
+        optim = dict(
+            constructor='RepOptOptimWrapperConstructor',
+            optimizer=dict(
+                type='RepOptSGD', lr=0.01, momentum=0.9, nesterov=True, weight_decay=4e-5
+            ),
+        )
     else:
-        optim = dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9, nesterov=True,
-                                    weight_decay=4e-5))
+        optim = dict(
+            optimizer=dict(type='SGD', lr=0.01, momentum=0.9, nesterov=True, weight_decay=4e-5)
+        )
     return model, build_optim_wrapper(model, optim)
 
 
@@ -82,7 +89,7 @@ def main():
     args = parse_args()
     torch.manual_seed(0)
     x = torch.randn(args.batch, 3, args.size, args.size)
-    y = torch.randint(0, 1000, (args.batch, ))
+    y = torch.randint(0, 1000, (args.batch,))
     models = {mode: build(args.arch, mode) for mode in ('target', 'repvgg')}
     machine = machine_info()
 
@@ -91,26 +98,42 @@ def main():
 
         def run():
             wrapper.update_params(nn.functional.cross_entropy(model(x), y))
+
         return run
 
-    train = time_interleaved({'RepOpt-VGG': step('target'), 'RepVGG': step('repvgg')},
-                             repeat=args.repeat, warmup=args.warmup)
+    train = time_interleaved(
+        {'RepOpt-VGG': step('target'), 'RepVGG': step('repvgg')},
+        repeat=args.repeat,
+        warmup=args.warmup,
+    )
     one = x[:1]
-    result = dict(arch=args.arch, batch=args.batch, size=args.size, threads=torch.get_num_threads(),
-                  train_step_ms={k: v.median for k, v in train.items()})
+    result = dict(
+        arch=args.arch,
+        batch=args.batch,
+        size=args.size,
+        threads=torch.get_num_threads(),
+        train_step_ms={k: v.median for k, v in train.items()},
+    )
     for mode, name in (('target', 'RepOpt-VGG'), ('repvgg', 'RepVGG')):
         model = models[mode][0]
-        result.setdefault('train_gmacs_per_image', {})[name] = complexity(
-            model, (one, ))['macs'] / 1e9
+        result.setdefault('train_gmacs_per_image', {})[name] = (
+            complexity(model, (one,))['macs'] / 1e9
+        )
         result.setdefault('params', {})[name] = sum(p.numel() for p in model.parameters())
         result.setdefault('saved_activation_mb', {})[name] = activation_bytes(model, x) / 2**20
-    folded = {name: mmrepa.reparameterize(copy.deepcopy(models[mode][0]).eval())
-              for mode, name in (('target', 'RepOpt-VGG'), ('repvgg', 'RepVGG'))}
-    assert [p.shape for p in folded['RepOpt-VGG'].parameters()] == \
-        [p.shape for p in folded['RepVGG'].parameters()]  # one inference network
+    folded = {
+        name: mmrepa.reparameterize(copy.deepcopy(models[mode][0]).eval())
+        for mode, name in (('target', 'RepOpt-VGG'), ('repvgg', 'RepVGG'))
+    }
+    assert [p.shape for p in folded['RepOpt-VGG'].parameters()] == [
+        p.shape for p in folded['RepVGG'].parameters()
+    ]  # one inference network
     with torch.no_grad():
-        infer = time_interleaved({k: (lambda m=m: m(x)) for k, m in folded.items()},
-                                 repeat=args.repeat, warmup=args.warmup)
+        infer = time_interleaved(
+            {k: (lambda m=m: m(x)) for k, m in folded.items()},
+            repeat=args.repeat,
+            warmup=args.warmup,
+        )
     result['folded_inference_ms'] = {k: v.median for k, v in infer.items()}
     result['train_speedup'] = train['RepVGG'].median / train['RepOpt-VGG'].median
     result['machine'] = finish(machine)

@@ -7,9 +7,15 @@ train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='RandomResizedCrop', scale=224, backend='pillow'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    dict(type='RandAugment', policies='timm_increasing', num_policies=2, total_level=10,
-         magnitude_level=15, magnitude_std=0.5,
-         hparams=dict(pad_val=[104, 116, 124], interpolation='bilinear')),
+    dict(
+        type='RandAugment',
+        policies='timm_increasing',
+        num_policies=2,
+        total_level=10,
+        magnitude_level=15,
+        magnitude_std=0.5,
+        hparams=dict(pad_val=[104, 116, 124], interpolation='bilinear'),
+    ),
     dict(type='PackInputs'),
 ]
 test_pipeline = [

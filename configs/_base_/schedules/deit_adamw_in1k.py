@@ -14,11 +14,12 @@ optim_wrapper = dict(
     paramwise_cfg=dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
-        custom_keys={'.cls_token': dict(decay_mult=0.0), '.pos_embed': dict(decay_mult=0.0)}))
+        custom_keys={'.cls_token': dict(decay_mult=0.0), '.pos_embed': dict(decay_mult=0.0)},
+    ),
+)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=5,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=5)
+    dict(type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=5, convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=5),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 val_cfg = dict()

@@ -13,11 +13,13 @@ _base_ = [
 lr = 4e-3
 optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=lr, weight_decay=0.05, eps=1e-8, betas=(0.9, 0.999)),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0))
+    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0),
+)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=20)
+    dict(
+        type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20, convert_to_iter_based=True
+    ),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=20),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 val_cfg = dict()
@@ -26,8 +28,7 @@ auto_scale_lr = dict(base_batch_size=4096)
 
 test_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='ResizeEdge', scale=224, edge='short', backend='pillow',
-         interpolation='bicubic'),
+    dict(type='ResizeEdge', scale=224, edge='short', backend='pillow', interpolation='bicubic'),
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
 ]

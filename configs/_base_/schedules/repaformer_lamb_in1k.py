@@ -13,7 +13,9 @@ optim_wrapper = dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
         flat_decay_mult=0.0,
-        custom_keys={'.relative_position_bias_table': dict(decay_mult=0.0)}))
+        custom_keys={'.relative_position_bias_table': dict(decay_mult=0.0)},
+    ),
+)
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 val_cfg = dict()
 test_cfg = dict()

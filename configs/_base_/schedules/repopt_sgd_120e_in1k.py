@@ -13,10 +13,11 @@ lr = 0.1
 optim_wrapper = dict(
     constructor='RepOptOptimWrapperConstructor',
     optimizer=dict(type='RepOptSGD', lr=lr, momentum=0.9, nesterov=True, weight_decay=4e-5),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0))
+    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=True, end=5, convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=0.0, by_epoch=True, begin=5)
+    dict(type='CosineAnnealingLR', eta_min=0.0, by_epoch=True, begin=5),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=120, val_interval=1)
 val_cfg = dict()

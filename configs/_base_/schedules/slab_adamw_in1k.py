@@ -17,12 +17,15 @@ optim_wrapper = dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
         flat_decay_mult=0.0,
-        custom_keys={'.relative_position_bias_table': dict(decay_mult=0.0)}),
-    clip_grad=dict(max_norm=5.0))
+        custom_keys={'.relative_position_bias_table': dict(decay_mult=0.0)},
+    ),
+    clip_grad=dict(max_norm=5.0),
+)
 param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=20)
+    dict(
+        type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20, convert_to_iter_based=True
+    ),
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=True, begin=20),
 ]
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 val_cfg = dict()

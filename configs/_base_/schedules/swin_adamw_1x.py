@@ -7,14 +7,15 @@ max_epochs = 12
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
-         gamma=0.1)
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11], gamma=0.1),
 ]
 optim_wrapper = dict(
     type='OptimWrapper',
-    paramwise_cfg=dict(custom_keys={
-        'relative_position_bias_table': dict(decay_mult=0.),
-        'norm': dict(decay_mult=0.)
-    }),
-    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999),
-                   weight_decay=0.05))
+    paramwise_cfg=dict(
+        custom_keys={
+            'relative_position_bias_table': dict(decay_mult=0.0),
+            'norm': dict(decay_mult=0.0),
+        }
+    ),
+    optimizer=dict(_delete_=True, type='AdamW', lr=0.0001, betas=(0.9, 0.999), weight_decay=0.05),
+)

@@ -2,9 +2,11 @@
 #
 # mmdeploy 1.3.1 ships no configs in its wheel, so these are written out in full (the keys of
 # mmdeploy's configs/_base_/onnx_config.py and backends/onnxruntime.py). mmengine imports
-# `custom_imports` when mmdeploy loads the file, so mmrepa's rewrites (mmrepa.deploy) are
+# `custom_imports` when mmdeploy loads the file, so mmrepa's rewrites (mmrepa.integrations.mmdeploy) are
 # registered for mmdeploy's own tools/deploy.py too.
-custom_imports = dict(imports=['mmrepa', 'mmrepa.deploy'], allow_failed_imports=False)
+custom_imports = dict(
+    imports=['mmrepa', 'mmrepa.integrations.mmdeploy'], allow_failed_imports=False
+)
 
 onnx_config = dict(
     type='onnx',
@@ -20,5 +22,6 @@ onnx_config = dict(
     # None: the size the model's test pipeline gives the export image; [W, H] to fix one
     input_shape=None,
     # mmdeploy's extra graph passes need its compiled TorchScript extension (not in the wheel)
-    optimize=False)
+    optimize=False,
+)
 backend_config = dict(type='onnxruntime')

@@ -5,6 +5,7 @@ With ``num_branches=1`` the network is a plain pre-norm ViT (timm / mmpretrain
 ``VisionTransformer`` / MAE-Lite) and loads their checkpoints; with n > 1 a 12-layer ViT's
 checkpoint can initialise the branches (layer k·n + b -> block k, branch b).
 """
+
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -17,11 +18,11 @@ from mmengine.model.weight_init import trunc_normal_
 from mmengine.registry import MODELS
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from ..checkpoint.loading import LoadReport, strip_prefixes
-from ..errors import CheckpointError, ConfigError
-from ..layers import FoldablePatchEmbed, JoinedBlock, checkpoint_forward
-from ..layers.depth_join import stack_attention_branches, stack_ffn_branches
-from .base import DenseBackbone, lookup_arch
+from ...checkpoint.loading import LoadReport, strip_prefixes
+from ...errors import CheckpointError, ConfigError
+from ...layers import FoldablePatchEmbed, checkpoint_forward
+from ..base import DenseBackbone, lookup_arch
+from .join import JoinedBlock, stack_attention_branches, stack_ffn_branches
 
 # Width, depth L of the original (sequential) ViT, heads. 'tiny' is the paper's (MAE-Lite's)
 # ViT-Tiny with 12 heads of 16 channels, not timm's / DeiT's 3 heads of 64 (SPEC §7.1): the
@@ -38,38 +39,51 @@ OUT_TYPES = ('avg', 'cls', 'featmap')
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """``'tiny' | 'small' | 'base'`` (or t/s/b) or a dict with ``embed_dims``, ``num_layers``
     (the original depth L) and ``num_heads`` (per branch)."""
-    return lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'),
-                       ARCH_ALIASES)
+    return lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'), ARCH_ALIASES)
 
 
-def resolve_branches(num_layers: int, num_branches: Optional[int],
-                     depth: Optional[int]) -> int:
+def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Optional[int]) -> int:
     """n from ``num_branches`` or the deployed ``depth`` (L / n); checks that n divides L."""
     if num_branches is None and depth is None:
-        raise ConfigError('DepthRepViT needs num_branches (n) or depth (the deployed depth '
-                          f'L / n; the arch has L = {num_layers} layers)')
+        raise ConfigError(
+            'DepthRepViT needs num_branches (n) or depth (the deployed depth '
+            f'L / n; the arch has L = {num_layers} layers)'
+        )
     if depth is not None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1 \
-                or num_layers % depth:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1 or num_layers % depth:
             divisors = [k for k in range(1, num_layers + 1) if num_layers % k == 0]
-            raise ConfigError(f'depth={depth!r} does not divide the arch\'s {num_layers} layers '
-                              f'into equal groups of branches; choose one of {divisors}')
+            raise ConfigError(
+                f"depth={depth!r} does not divide the arch's {num_layers} layers "
+                f'into equal groups of branches; choose one of {divisors}'
+            )
         n = num_layers // depth
         if num_branches is not None and num_branches != n:
-            raise ConfigError(f'num_branches={num_branches} contradicts depth={depth} '
-                              f'({num_layers} layers / {depth} = {n} branches); give only one')
+            raise ConfigError(
+                f'num_branches={num_branches} contradicts depth={depth} '
+                f'({num_layers} layers / {depth} = {n} branches); give only one'
+            )
         return n
-    if isinstance(num_branches, bool) or not isinstance(num_branches, int) \
-            or num_branches < 1 or num_layers % num_branches:
+    if (
+        isinstance(num_branches, bool)
+        or not isinstance(num_branches, int)
+        or num_branches < 1
+        or num_layers % num_branches
+    ):
         divisors = [k for k in range(1, num_layers + 1) if num_layers % k == 0]
-        raise ConfigError(f'num_branches={num_branches!r} does not divide the arch\'s '
-                          f'{num_layers} layers; choose one of {divisors}')
+        raise ConfigError(
+            f"num_branches={num_branches!r} does not divide the arch's "
+            f'{num_layers} layers; choose one of {divisors}'
+        )
     return num_branches
 
 
-def resize_pos_embed(pos_embed: torch.Tensor, src_shape: Tuple[int, int],
-                     dst_shape: Tuple[int, int], mode: str = 'bicubic',
-                     num_extra_tokens: int = 0) -> torch.Tensor:
+def resize_pos_embed(
+    pos_embed: torch.Tensor,
+    src_shape: Tuple[int, int],
+    dst_shape: Tuple[int, int],
+    mode: str = 'bicubic',
+    num_extra_tokens: int = 0,
+) -> torch.Tensor:
     """(1, extra + Hs·Ws, C) -> (1, extra + Hd·Wd, C): the patch grid resized with
     ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept."""
     if tuple(src_shape) == tuple(dst_shape):
@@ -133,7 +147,8 @@ class DepthRepViT(DenseBackbone):
         out_norm_cfg (dict, optional): Output norms (None: none). Default: as ``norm_cfg``.
         join_lambda (float): Initial λ. Default: 0.
         diversity_loss_weight (float): α of the diversity loss (SPEC §7.3; the paper's 0.05);
-            > 0 needs a model that collects it (:class:`~mmrepa.classifiers.DiversityImageClassifier`)
+            > 0 needs a model that collects it
+            (:class:`~mmrepa.classifiers.DiversityImageClassifier`)
             and global attention. Default: 0.
         frozen_stages (int): Freeze the patch and position embeddings and the class token (0)
             and blocks 1..k (k >= 1). Default: -1.
@@ -149,33 +164,35 @@ class DepthRepViT(DenseBackbone):
     stem_name = 'patch_embed'
     pretrained_options = ('use_ema', 'num_heads')
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 num_branches: Optional[int] = None,
-                 depth: Optional[int] = None,
-                 join: str = 'logits',
-                 img_size: Union[int, Tuple[int, int]] = 224,
-                 patch_size: int = 16,
-                 in_channels: int = 3,
-                 mlp_ratio: float = 4.,
-                 qkv_bias: bool = True,
-                 drop_rate: float = 0.,
-                 drop_path_rate: float = 0.,
-                 with_cls_token: bool = True,
-                 out_type: str = 'avg',
-                 out_indices: Union[int, Sequence[int]] = -1,
-                 window_size: Optional[int] = None,
-                 global_blocks: Sequence[int] = (),
-                 interpolate_mode: str = 'bicubic',
-                 norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 out_norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
-                 join_lambda: float = 0.,
-                 diversity_loss_weight: float = 0.,
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        arch: Union[str, dict] = 'tiny',
+        num_branches: Optional[int] = None,
+        depth: Optional[int] = None,
+        join: str = 'logits',
+        img_size: Union[int, Tuple[int, int]] = 224,
+        patch_size: int = 16,
+        in_channels: int = 3,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        with_cls_token: bool = True,
+        out_type: str = 'avg',
+        out_indices: Union[int, Sequence[int]] = -1,
+        window_size: Optional[int] = None,
+        global_blocks: Sequence[int] = (),
+        interpolate_mode: str = 'bicubic',
+        norm_cfg: dict = dict(type='LN', eps=1e-6),
+        out_norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
+        join_lambda: float = 0.0,
+        diversity_loss_weight: float = 0.0,
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        with_cp: bool = False,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         arch = resolve_arch(arch)
         self.embed_dims, self.num_heads = arch['embed_dims'], arch['num_heads']
@@ -187,20 +204,26 @@ class DepthRepViT(DenseBackbone):
         if out_type == 'cls' and not with_cls_token:
             raise ConfigError("out_type='cls' needs with_cls_token=True")
         if window_size is not None and with_cls_token:
-            raise ConfigError('windowed attention (window_size) works on the patch grid only: '
-                              'set with_cls_token=False (ViTDet drops the class token)')
+            raise ConfigError(
+                'windowed attention (window_size) works on the patch grid only: '
+                'set with_cls_token=False (ViTDet drops the class token)'
+            )
         out_indices = [out_indices] if isinstance(out_indices, int) else list(out_indices)
         out_indices = [i + self.depth if i < 0 else i for i in out_indices]
         self._check_options(self.depth, out_indices, frozen_stages, norm_eval, deploy)
         global_blocks = sorted({i + self.depth if i < 0 else i for i in global_blocks})
         if any(not 0 <= i < self.depth for i in global_blocks):
-            raise ConfigError(f'global_blocks {global_blocks}: each index must be in '
-                              f'[0, {self.depth - 1}] (the deployed depth is {self.depth})')
+            raise ConfigError(
+                f'global_blocks {global_blocks}: each index must be in '
+                f'[0, {self.depth - 1}] (the deployed depth is {self.depth})'
+            )
         if diversity_loss_weight < 0:
             raise ConfigError(f'diversity_loss_weight must be >= 0, got {diversity_loss_weight}')
         if diversity_loss_weight > 0 and window_size is not None:
-            raise ConfigError('the diversity loss is a classification regularizer (SPEC §7.3); '
-                              'set diversity_loss_weight=0 with windowed attention')
+            raise ConfigError(
+                'the diversity loss is a classification regularizer (SPEC §7.3); '
+                'set diversity_loss_weight=0 with windowed attention'
+            )
         self.in_channels, self.patch_size = in_channels, patch_size
         self.out_type, self.with_cls_token = out_type, with_cls_token
         self.num_extra_tokens = int(with_cls_token)
@@ -214,22 +237,40 @@ class DepthRepViT(DenseBackbone):
         self.num_features = [self.embed_dims] * self.depth
 
         self.patch_embed = FoldablePatchEmbed(
-            in_channels=in_channels, embed_dims=self.embed_dims, conv_type='Conv2d',
-            kernel_size=patch_size, stride=patch_size, norm_cfg=None)
-        self.cls_token = (nn.Parameter(torch.zeros(1, 1, self.embed_dims))
-                          if with_cls_token else None)
+            in_channels=in_channels,
+            embed_dims=self.embed_dims,
+            conv_type='Conv2d',
+            kernel_size=patch_size,
+            stride=patch_size,
+            norm_cfg=None,
+        )
+        self.cls_token = (
+            nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if with_cls_token else None
+        )
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
         self.pos_embed = nn.Parameter(
-            torch.zeros(1, self.num_extra_tokens + num_patches, self.embed_dims))
+            torch.zeros(1, self.num_extra_tokens + num_patches, self.embed_dims)
+        )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
         dpr = torch.linspace(0, drop_path_rate, self.depth).tolist()
-        self.stages = ModuleList([
-            JoinedBlock(self.embed_dims, self.num_heads, self.num_branches, join, mlp_ratio,
-                        qkv_bias, dpr[i], norm_cfg,
-                        window_size=None if i in global_blocks else window_size,
-                        join_lambda=join_lambda, deploy=deploy)
-            for i in range(self.depth)
-        ])
+        self.stages = ModuleList(
+            [
+                JoinedBlock(
+                    self.embed_dims,
+                    self.num_heads,
+                    self.num_branches,
+                    join,
+                    mlp_ratio,
+                    qkv_bias,
+                    dpr[i],
+                    norm_cfg,
+                    window_size=None if i in global_blocks else window_size,
+                    join_lambda=join_lambda,
+                    deploy=deploy,
+                )
+                for i in range(self.depth)
+            ]
+        )
         if self.diversity_loss_weight > 0:
             for module in self.modules():
                 if hasattr(module, 'track_branch_diversity'):
@@ -246,8 +287,13 @@ class DepthRepViT(DenseBackbone):
         hw_shape = (int(hw_shape[0]), int(hw_shape[1]))  # plain ints, also when tracing
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        x = x + resize_pos_embed(self.pos_embed, self.patch_resolution, hw_shape,
-                                 self.interpolate_mode, self.num_extra_tokens)
+        x = x + resize_pos_embed(
+            self.pos_embed,
+            self.patch_resolution,
+            hw_shape,
+            self.interpolate_mode,
+            self.num_extra_tokens,
+        )
         x = self.drop_after_pos(x)
         outs = []
         for i, block in enumerate(self.stages):
@@ -265,7 +311,7 @@ class DepthRepViT(DenseBackbone):
         norm = getattr(self, f'norm{i}')
         if self.out_type == 'cls':
             return norm(x[:, 0])
-        patches = x[:, self.num_extra_tokens:]
+        patches = x[:, self.num_extra_tokens :]
         if self.out_type == 'avg':
             return norm(patches.mean(dim=1))
         return norm(patches).reshape(x.shape[0], *hw_shape, -1).permute(0, 3, 1, 2).contiguous()
@@ -276,8 +322,9 @@ class DepthRepViT(DenseBackbone):
         if self._pending_diversity is not None:
             raise ConfigError(
                 'DepthRepViT(diversity_loss_weight > 0) computed a diversity loss that nothing '
-                'collected: use model=dict(type=\'DiversityImageClassifier\', ...) (mmpretrain) '
-                'or set diversity_loss_weight=0')
+                "collected: use model=dict(type='DiversityImageClassifier', ...) (mmpretrain) "
+                'or set diversity_loss_weight=0'
+            )
         terms = []
         for m in self.modules():
             if getattr(m, 'branch_diversity', None) is not None:
@@ -308,7 +355,7 @@ class DepthRepViT(DenseBackbone):
         num_layers = self.depth + 2
         if not param_name.startswith(prefix):
             return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
+        name = param_name[len(prefix) :]
         if name in ('cls_token', 'pos_embed') or name.startswith('patch_embed'):
             return 0, num_layers
         if name.startswith('stages.'):
@@ -318,23 +365,24 @@ class DepthRepViT(DenseBackbone):
     def _default_init(self) -> None:
         """ViT's initialisation (timm / DeiT): truncated normal (std .02) for the position
         embedding, class token and every Linear, each branch drawn as its own Linear."""
-        trunc_normal_(self.pos_embed, std=.02)
+        trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
-            trunc_normal_(self.cls_token, std=.02)
+            trunc_normal_(self.cls_token, std=0.02)
         for block in self.stages:
             for layer in (block.attn, block.mlp):
                 if layer.deploy:
                     for m in layer.modules():
                         if isinstance(m, nn.Linear):
-                            trunc_normal_(m.weight, std=.02)
+                            trunc_normal_(m.weight, std=0.02)
                             nn.init.zeros_(m.bias)
                 else:
-                    layer.reset_branch_parameters('trunc_normal', std=.02)
+                    layer.reset_branch_parameters('trunc_normal', std=0.02)
 
     # -- checkpoints
 
-    def load_pretrained(self, filename: str, use_ema: bool = False,
-                        num_heads: Optional[int] = None) -> LoadReport:
+    def load_pretrained(
+        self, filename: str, use_ema: bool = False, num_heads: Optional[int] = None
+    ) -> LoadReport:
         """As :meth:`DenseBackbone.load_pretrained`, after checking the checkpoint's head count
         (``num_heads``, else its mmengine config): 3- and 12-head ViT-Tiny checkpoints have
         the same shapes and would load silently into the wrong function (SPEC §7.8)."""
@@ -344,13 +392,15 @@ class DepthRepViT(DenseBackbone):
                 f'{filename} does not say how many attention heads it was trained with (no '
                 f'mmengine config inside), and a {self.num_heads}-head model cannot tell from '
                 'the shapes (ViT-Tiny has 3 heads in timm/DeiT, 12 in MAE-Lite and the paper). '
-                "State it: init_cfg=dict(type='Pretrained', checkpoint=..., num_heads=H)")
+                "State it: init_cfg=dict(type='Pretrained', checkpoint=..., num_heads=H)"
+            )
         if found != self.num_heads:
             raise CheckpointError(
                 f'{filename} has {found} attention heads per layer, this DepthRepViT '
                 f'{self.num_heads}: the weights would load but compute another function. Set '
-                f"arch=dict(embed_dims={self.embed_dims}, num_layers={self.num_layers}, "
-                f'num_heads={found}) or use a {self.num_heads}-head checkpoint')
+                f'arch=dict(embed_dims={self.embed_dims}, num_layers={self.num_layers}, '
+                f'num_heads={found}) or use a {self.num_heads}-head checkpoint'
+            )
         return super().load_pretrained(filename, use_ema=use_ema)
 
     def optional_keys(self, state_dict, source) -> List[str]:
@@ -365,10 +415,22 @@ class DepthRepViT(DenseBackbone):
 # ----------------------------------------------------------------------------- checkpoints
 
 # Per-layer tensors in timm names (= the folded block's), from mmpretrain's.
-_MMPRETRAIN_NAMES = (('ln1.', 'norm1.'), ('ln2.', 'norm2.'), ('ffn.layers.0.0.', 'mlp.fc1.'),
-                     ('ffn.layers.1.', 'mlp.fc2.'))
-_BRANCH_KEYS = ('attn.qkv.weight', 'attn.qkv.bias', 'attn.proj.weight', 'attn.proj.bias',
-                'mlp.fc1.weight', 'mlp.fc1.bias', 'mlp.fc2.weight', 'mlp.fc2.bias')
+_MMPRETRAIN_NAMES = (
+    ('ln1.', 'norm1.'),
+    ('ln2.', 'norm2.'),
+    ('ffn.layers.0.0.', 'mlp.fc1.'),
+    ('ffn.layers.1.', 'mlp.fc2.'),
+)
+_BRANCH_KEYS = (
+    'attn.qkv.weight',
+    'attn.qkv.bias',
+    'attn.proj.weight',
+    'attn.proj.bias',
+    'mlp.fc1.weight',
+    'mlp.fc1.bias',
+    'mlp.fc2.weight',
+    'mlp.fc2.bias',
+)
 
 
 def _split_layers(state_dict: Dict[str, torch.Tensor]):
@@ -382,7 +444,7 @@ def _split_layers(state_dict: Dict[str, torch.Tensor]):
             if head == 'layers':
                 for old, new in _MMPRETRAIN_NAMES:
                     if name.startswith(old):
-                        name = new + name[len(old):]
+                        name = new + name[len(old) :]
             layers.setdefault(int(index), {})[name] = value
         else:
             rest[key.replace('patch_embed.proj.', 'patch_embed.projection.')] = value
@@ -399,8 +461,9 @@ def _final_norm_source(model: DepthRepViT, rest: Dict[str, torch.Tensor]) -> Opt
     return next((n for n in names if f'{n}.weight' in rest), None)
 
 
-def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
-                         model: DepthRepViT) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_fn(
+    state_dict: Dict[str, torch.Tensor], model: DepthRepViT
+) -> Dict[str, torch.Tensor]:
     """Convert a ViT state dict to :class:`DepthRepViT` names.
 
     Understands mmrepa's own layout (folded or not, passed through); mmpretrain
@@ -417,13 +480,17 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
         out = dict(state_dict)
     else:
         layers, rest = _split_layers(state_dict)
-        out = {k: v for k, v in rest.items()
-               if k.startswith(('patch_embed.', 'pos_embed', 'cls_token'))}
+        out = {
+            k: v
+            for k, v in rest.items()
+            if k.startswith(('patch_embed.', 'pos_embed', 'cls_token'))
+        }
         norm = _final_norm_source(model, rest)
         if norm is not None:
             last = f'norm{model.out_indices[-1]}'
-            out.update({f'{last}.weight': rest[f'{norm}.weight'],
-                        f'{last}.bias': rest[f'{norm}.bias']})
+            out.update(
+                {f'{last}.weight': rest[f'{norm}.weight'], f'{last}.bias': rest[f'{norm}.bias']}
+            )
         out.update(_layers_to_blocks(layers, model))
     pos = out.get('pos_embed')
     if pos is not None:
@@ -431,8 +498,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor],
     return out
 
 
-def _layers_to_blocks(layers: Dict[int, Dict[str, torch.Tensor]],
-                      model: DepthRepViT) -> Dict[str, torch.Tensor]:
+def _layers_to_blocks(
+    layers: Dict[int, Dict[str, torch.Tensor]], model: DepthRepViT
+) -> Dict[str, torch.Tensor]:
     if not layers:
         return {}
     n = 1 if model.deploy else model.num_branches
@@ -441,7 +509,8 @@ def _layers_to_blocks(layers: Dict[int, Dict[str, torch.Tensor]],
         raise CheckpointError(
             f'the checkpoint has {len(layers)} transformer layers; this {form}DepthRepViT '
             f'needs {model.depth * n} ({model.depth} blocks x {n} branch(es)). A checkpoint '
-            f'of L layers initialises L / n blocks of n branches: set num_branches or depth')
+            f'of L layers initialises L / n blocks of n branches: set num_branches or depth'
+        )
     out = {}
     for k in range(model.depth):
         group = [layers[k * n + b] for b in range(n)]
@@ -450,20 +519,29 @@ def _layers_to_blocks(layers: Dict[int, Dict[str, torch.Tensor]],
             if name in group[0]:
                 out[prefix + name] = group[0][name]
         if model.deploy:
-            out.update({prefix + k2: v for k2, v in group[0].items()
-                        if k2.startswith(('attn.', 'mlp.'))})
+            out.update(
+                {prefix + k2: v for k2, v in group[0].items() if k2.startswith(('attn.', 'mlp.'))}
+            )
             continue
         needed = [name for name in _BRANCH_KEYS if model.qkv_bias or name != 'attn.qkv.bias']
         missing = [name for name in needed if any(name not in layer for layer in group)]
         if missing:
-            raise CheckpointError(f'layer(s) {k * n}..{k * n + n - 1} of the checkpoint lack '
-                                  f'{sorted(set(missing))}')
+            raise CheckpointError(
+                f'layer(s) {k * n}..{k * n + n - 1} of the checkpoint lack {sorted(set(missing))}'
+            )
         attn = stack_attention_branches(
-            [{k2[len('attn.'):]: v for k2, v in layer.items() if k2.startswith('attn.')}
-             for layer in group], model.num_heads)
+            [
+                {k2[len('attn.') :]: v for k2, v in layer.items() if k2.startswith('attn.')}
+                for layer in group
+            ],
+            model.num_heads,
+        )
         ffn = stack_ffn_branches(
-            [{k2[len('mlp.'):]: v for k2, v in layer.items() if k2.startswith('mlp.')}
-             for layer in group])
+            [
+                {k2[len('mlp.') :]: v for k2, v in layer.items() if k2.startswith('mlp.')}
+                for layer in group
+            ]
+        )
         out.update({f'{prefix}attn.{k2}': v for k2, v in attn.items()})
         out.update({f'{prefix}mlp.{k2}': v for k2, v in ffn.items()})
     return out
@@ -481,8 +559,9 @@ def _fit_pos_embed(pos: torch.Tensor, model: DepthRepViT) -> torch.Tensor:
     if extra != model.num_extra_tokens:
         return pos  # a class token the checkpoint lacks: reported by the loader
     work = pos if pos.dtype == torch.float64 else pos.float()  # bicubic needs fp32 or fp64
-    resized = resize_pos_embed(work, (side, side), model.patch_resolution,
-                               model.interpolate_mode, extra)
+    resized = resize_pos_embed(
+        work, (side, side), model.patch_resolution, model.interpolate_mode, extra
+    )
     return resized.to(pos.dtype)
 
 
@@ -509,7 +588,7 @@ def checkpoint_num_heads(filename: str) -> Optional[int]:
         return resolve_arch(arch)['num_heads']
     if kind == 'VisionTransformer':
         from mmpretrain.models import VisionTransformer
+
         settings = VisionTransformer.arch_zoo.get(str(arch).lower())
         return None if settings is None else settings['num_heads']
     return None
-

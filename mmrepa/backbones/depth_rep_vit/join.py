@@ -20,6 +20,7 @@ of GEMMs and one SDPA call, whatever n is. The stacked layouts (``B`` = branch, 
 :func:`stack_attention_branches` / :func:`unstack_attention_branches` (and the FFN pair)
 convert between these and per-branch timm-style ``qkv``/``proj``/``fc1``/``fc2`` tensors.
 """
+
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -30,10 +31,10 @@ from mmcv.cnn.bricks.drop import DropPath
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
-from ..errors import ConfigError
-from ..fold import Reparameterizable, check_fold_state, fold_dtype
-from ..registry import MODELS, build_activation_layer, build_norm_layer
-from .window_attention import window_partition, window_reverse
+from ...errors import ConfigError
+from ...fold import Reparameterizable, check_fold_state, fold_dtype
+from ...layers.window_attention import window_partition, window_reverse
+from ...registry import MODELS, build_activation_layer, build_norm_layer
 
 JOIN_MODES = ('logits', 'qkv')
 
@@ -86,13 +87,12 @@ class BranchSumLinear(nn.Module):
     GEMM. ``bias`` is (n, out); the forward adds its sum.
     """
 
-    def __init__(self, in_features: int, out_features: int, num_branches: int,
-                 bias: bool = True):
+    def __init__(self, in_features: int, out_features: int, num_branches: int, bias: bool = True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.num_branches = num_branches
         self.weight = nn.Parameter(torch.empty(out_features, num_branches * in_features))
-        self.bias = (nn.Parameter(torch.empty(num_branches, out_features)) if bias else None)
+        self.bias = nn.Parameter(torch.empty(num_branches, out_features)) if bias else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -112,8 +112,10 @@ class BranchSumLinear(nn.Module):
         return F.linear(x, self.weight, self.summed_bias())
 
     def extra_repr(self) -> str:
-        return (f'in_features={self.in_features}, out_features={self.out_features}, '
-                f'num_branches={self.num_branches}, bias={self.bias is not None}')
+        return (
+            f'in_features={self.in_features}, out_features={self.out_features}, '
+            f'num_branches={self.num_branches}, bias={self.bias is not None}'
+        )
 
 
 class _LambdaMixin:
@@ -152,7 +154,8 @@ class _LambdaMixin:
                 raise ConfigError(
                     f'{type(self).__name__} is folded (deploy=True), i.e. the λ = 1 network; '
                     f'it cannot run at join_lambda={value}. Build the model with deploy=False '
-                    f'to train through the joining schedule.')
+                    f'to train through the joining schedule.'
+                )
             return
         self._join_lambda = value
         with torch.no_grad():
@@ -170,11 +173,13 @@ class _LambdaMixin:
             return []
         lam = float(self.join_lambda)
         if self.num_branches > 1 and lam != 1.0:
-            return [f'join_lambda = {lam!r}; its {self.num_branches} branches fold exactly only '
-                    f'at join_lambda = 1.0 (below it the nonlinearities of different branches '
-                    f'see different inputs, SPEC-depth §7.4). Finish the joining schedule (λ '
-                    f'must reach exactly 1.0) and train on at λ = 1 before folding; a checkpoint '
-                    f'saved mid-ramp cannot be folded.']
+            return [
+                f'join_lambda = {lam!r}; its {self.num_branches} branches fold exactly only '
+                f'at join_lambda = 1.0 (below it the nonlinearities of different branches '
+                f'see different inputs, SPEC-depth §7.4). Finish the joining schedule (λ '
+                f'must reach exactly 1.0) and train on at λ = 1 before folding; a checkpoint '
+                f'saved mid-ramp cannot be folded.'
+            ]
         return []
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -187,8 +192,9 @@ class _LambdaMixin:
 # ----------------------------------------------------------------------------- layouts
 
 
-def stack_attention_branches(branches: Sequence[Dict[str, torch.Tensor]],
-                             num_heads: int) -> Dict[str, torch.Tensor]:
+def stack_attention_branches(
+    branches: Sequence[Dict[str, torch.Tensor]], num_heads: int
+) -> Dict[str, torch.Tensor]:
     """Per-branch timm-style attention tensors -> :class:`JoinedAttention`'s stacked ones.
 
     Each branch: ``qkv.weight`` (3d, d) with rows (q/k/v, head, channel), optional
@@ -201,17 +207,20 @@ def stack_attention_branches(branches: Sequence[Dict[str, torch.Tensor]],
     dh = d // H
     qkv_w = torch.stack([b['qkv.weight'].reshape(3, H, dh, d) for b in branches], dim=2)
     proj_w = torch.stack([b['proj.weight'].reshape(d, H, dh) for b in branches], dim=2)
-    out = {'branch_qkv.weight': qkv_w.reshape(3 * n * d, d),
-           'branch_proj.weight': proj_w.reshape(d, n * d),
-           'branch_proj.bias': torch.stack([b['proj.bias'] for b in branches])}
+    out = {
+        'branch_qkv.weight': qkv_w.reshape(3 * n * d, d),
+        'branch_proj.weight': proj_w.reshape(d, n * d),
+        'branch_proj.bias': torch.stack([b['proj.bias'] for b in branches]),
+    }
     if branches[0].get('qkv.bias') is not None:
         qkv_b = torch.stack([b['qkv.bias'].reshape(3, H, dh) for b in branches], dim=2)
         out['branch_qkv.bias'] = qkv_b.reshape(3 * n * d)
     return out
 
 
-def unstack_attention_branches(state: Dict[str, torch.Tensor], num_heads: int,
-                               num_branches: int) -> List[Dict[str, torch.Tensor]]:
+def unstack_attention_branches(
+    state: Dict[str, torch.Tensor], num_heads: int, num_branches: int
+) -> List[Dict[str, torch.Tensor]]:
     """Inverse of :func:`stack_attention_branches` (copies)."""
     H, n = num_heads, num_branches
     qkv_w, proj_w = state['branch_qkv.weight'], state['branch_proj.weight']
@@ -223,9 +232,11 @@ def unstack_attention_branches(state: Dict[str, torch.Tensor], num_heads: int,
     qkv_b = None if qkv_b is None else qkv_b.reshape(3, H, n, dh)
     out = []
     for b in range(n):
-        branch = {'qkv.weight': qkv_w[:, :, b].reshape(3 * d, d).clone(),
-                  'proj.weight': proj_w[:, :, b].reshape(d, d).clone(),
-                  'proj.bias': state['branch_proj.bias'][b].clone()}
+        branch = {
+            'qkv.weight': qkv_w[:, :, b].reshape(3 * d, d).clone(),
+            'proj.weight': proj_w[:, :, b].reshape(d, d).clone(),
+            'proj.bias': state['branch_proj.bias'][b].clone(),
+        }
         if qkv_b is not None:
             branch['qkv.bias'] = qkv_b[:, :, b].reshape(3 * d).clone()
         out.append(branch)
@@ -234,25 +245,33 @@ def unstack_attention_branches(state: Dict[str, torch.Tensor], num_heads: int,
 
 def stack_ffn_branches(branches: Sequence[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
     """Per-branch ``fc1``/``fc2`` tensors -> :class:`JoinedFFN`'s ``branch_fc1``/``branch_fc2``."""
-    return {'branch_fc1.weight': torch.cat([b['fc1.weight'] for b in branches]),
-            'branch_fc1.bias': torch.cat([b['fc1.bias'] for b in branches]),
-            'branch_fc2.weight': torch.cat([b['fc2.weight'] for b in branches], dim=1),
-            'branch_fc2.bias': torch.stack([b['fc2.bias'] for b in branches])}
+    return {
+        'branch_fc1.weight': torch.cat([b['fc1.weight'] for b in branches]),
+        'branch_fc1.bias': torch.cat([b['fc1.bias'] for b in branches]),
+        'branch_fc2.weight': torch.cat([b['fc2.weight'] for b in branches], dim=1),
+        'branch_fc2.bias': torch.stack([b['fc2.bias'] for b in branches]),
+    }
 
 
-def unstack_ffn_branches(state: Dict[str, torch.Tensor],
-                         num_branches: int) -> List[Dict[str, torch.Tensor]]:
+def unstack_ffn_branches(
+    state: Dict[str, torch.Tensor], num_branches: int
+) -> List[Dict[str, torch.Tensor]]:
     """Inverse of :func:`stack_ffn_branches` (copies)."""
     n = num_branches
     w1, b1 = state['branch_fc1.weight'].chunk(n), state['branch_fc1.bias'].chunk(n)
     w2 = state['branch_fc2.weight'].chunk(n, dim=1)
-    return [{'fc1.weight': w1[b].clone(), 'fc1.bias': b1[b].clone(),
-             'fc2.weight': w2[b].clone(), 'fc2.bias': state['branch_fc2.bias'][b].clone()}
-            for b in range(n)]
+    return [
+        {
+            'fc1.weight': w1[b].clone(),
+            'fc1.bias': b1[b].clone(),
+            'fc2.weight': w2[b].clone(),
+            'fc2.bias': state['branch_fc2.bias'][b].clone(),
+        }
+        for b in range(n)
+    ]
 
 
-def _init_slice_(target: torch.Tensor, shape: Tuple[int, int], method: str,
-                 std: float) -> None:
+def _init_slice_(target: torch.Tensor, shape: Tuple[int, int], method: str, std: float) -> None:
     """Fill ``target`` (any view holding a (out, in) matrix's entries) as a fresh Linear."""
     fresh = torch.empty(shape, dtype=target.dtype, device=target.device)
     if method == 'xavier_uniform':
@@ -270,12 +289,18 @@ def _init_slice_(target: torch.Tensor, shape: Tuple[int, int], method: str,
 def _check_attn_mask(mask: Optional[torch.Tensor], B: int, N: int) -> None:
     if mask is None:
         return
-    if (mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, B)
-            or mask.shape[2] not in (1, N) or mask.shape[3] != N):
+    if (
+        mask.dim() != 4
+        or mask.shape[1] != 1
+        or mask.shape[0] not in (1, B)
+        or mask.shape[2] not in (1, N)
+        or mask.shape[3] != N
+    ):
         raise ValueError(
             f'attn_mask must have shape (B or 1, 1, N or 1, N) = ({B} or 1, 1, {N} or 1, {N}) '
             f'(one mask for all heads and branches; True or 0 where a query may attend a key), '
-            f'got {tuple(mask.shape)}')
+            f'got {tuple(mask.shape)}'
+        )
 
 
 @MODELS.register_module()
@@ -323,19 +348,29 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
 
     fold_state_keys = ('qkv.weight', 'branch_qkv.weight')  # see mmrepa.fold.check_fold_state
 
-    def __init__(self, embed_dims: int, num_heads: int = 12, num_branches: int = 2,
-                 join: str = 'logits', qkv_bias: bool = True, join_lambda: float = 0.0,
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int = 12,
+        num_branches: int = 2,
+        join: str = 'logits',
+        qkv_bias: bool = True,
+        join_lambda: float = 0.0,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if join not in JOIN_MODES:
-            raise ConfigError(f"join must be 'logits' (the paper's network) or 'qkv' (mmrepa's "
-                              f'standard-shape extension), got {join!r}')
-        if isinstance(num_branches, bool) or not isinstance(num_branches, int) \
-                or num_branches < 1:
+            raise ConfigError(
+                f"join must be 'logits' (the paper's network) or 'qkv' (mmrepa's "
+                f'standard-shape extension), got {join!r}'
+            )
+        if isinstance(num_branches, bool) or not isinstance(num_branches, int) or num_branches < 1:
             raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
         if embed_dims % num_heads:
-            raise ConfigError(f'embed_dims ({embed_dims}) must be a multiple of num_heads '
-                              f'({num_heads})')
+            raise ConfigError(
+                f'embed_dims ({embed_dims}) must be a multiple of num_heads ({num_heads})'
+            )
         self.embed_dims, self.num_heads, self.num_branches = embed_dims, num_heads, num_branches
         self.head_dim = embed_dims // num_heads  # of one branch
         self.join = join
@@ -367,12 +402,12 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
         B, N, _ = x.shape
         _check_attn_mask(attn_mask, B, N)
         if self.deploy:
-            return self._attend(x, self.qkv.weight, self.qkv.bias, self.proj.weight,
-                                self.proj.bias, attn_mask)
+            return self._attend(
+                x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, attn_mask
+            )
         lam = self._lambda_for_forward()
         diversity = self._tracks_diversity()
-        if (lam == 1.0 or self.num_branches == 1) and not diversity \
-                and self.fast_joined_forward:
+        if (lam == 1.0 or self.num_branches == 1) and not diversity and self.fast_joined_forward:
             # Every branch sees the same softmax input: the folded computation, with the
             # folded tensors formed from the branch parameters (differentiably).
             return self._attend(x, *self._folded_tensors(), attn_mask)
@@ -387,23 +422,26 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
         per_branch = _branch_linear(
             out.view(B, N, H, n, dh).transpose(2, 3).reshape(B, N, n, H * dh),
             self.branch_proj.weight.view(d, H, n, dh).transpose(1, 2).reshape(d, n, H * dh),
-            self.branch_proj.bias)
+            self.branch_proj.bias,
+        )
         self.branch_diversity = branch_diversity(per_branch)
         return per_branch.sum(-2)
 
     def _attend(self, x, qkv_w, qkv_b, proj_w, proj_b, attn_mask):
         """Plain multi-head attention (scale 1 / √head width) with the given tensors."""
         B, N, _ = x.shape
-        q, k, v = F.linear(x, qkv_w, qkv_b).view(B, N, 3, self.num_heads, -1) \
-            .permute(2, 0, 3, 1, 4)
+        q, k, v = F.linear(x, qkv_w, qkv_b).view(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return F.linear(out.transpose(1, 2).reshape(B, N, -1), proj_w, proj_b)
 
     def _branch_qkv(self, x):
         B, N, _ = x.shape
         # (3, B, H, n, N, d_h)
-        return self.branch_qkv(x).view(B, N, 3, self.num_heads, self.num_branches,
-                                       self.head_dim).permute(2, 0, 3, 4, 1, 5)
+        return (
+            self.branch_qkv(x)
+            .view(B, N, 3, self.num_heads, self.num_branches, self.head_dim)
+            .permute(2, 0, 3, 4, 1, 5)
+        )
 
     def _per_branch(self, x, attn_mask, joined_qkv: bool):
         """n·H attentions of width d_h in one SDPA call (qkv join: on the joined q, k, v)."""
@@ -418,8 +456,12 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
             q = q * (scale / (1 + (n - 1) * lam * lam))
             scale = 1.0
         out = F.scaled_dot_product_attention(
-            q.reshape(B, H * n, N, dh), k.reshape(B, H * n, N, dh), v.reshape(B, H * n, N, dh),
-            attn_mask=attn_mask, scale=scale)
+            q.reshape(B, H * n, N, dh),
+            k.reshape(B, H * n, N, dh),
+            v.reshape(B, H * n, N, dh),
+            attn_mask=attn_mask,
+            scale=scale,
+        )
         # (B, H·n, N, d_h) -> (B, N, H, n, d_h): proj's column order
         return out.view(B, H, n, N, dh).permute(0, 3, 1, 2, 4).reshape(B, N, n * H * dh)
 
@@ -463,8 +505,7 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
         return qkv_w, qkv_b, proj_w, proj_b
 
     def describe(self) -> str:
-        return (f'{type(self).__name__}(num_branches={self.num_branches}, '
-                f'join={self.join!r})')
+        return f'{type(self).__name__}(num_branches={self.num_branches}, join={self.join!r})'
 
     @torch.no_grad()
     def reparameterize(self) -> None:
@@ -477,8 +518,9 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
         tensors = self._folded_tensors(fold_dtype(like))
         del self.branch_qkv, self.branch_proj, self.join_lambda
         self._build_folded(like)
-        for param, value in zip((self.qkv.weight, self.qkv.bias, self.proj.weight,
-                                 self.proj.bias), tensors):
+        for param, value in zip(
+            (self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias), tensors
+        ):
             if param is not None:
                 param.copy_(value)
         self.deploy = True
@@ -510,9 +552,11 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
 
     def extra_repr(self) -> str:
         lam = '' if self.deploy else f', join_lambda={self._join_lambda:g}'
-        return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
-                f'num_branches={self.num_branches}, join={self.join!r}{lam}, '
-                f'deploy={self.deploy}')
+        return (
+            f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
+            f'num_branches={self.num_branches}, join={self.join!r}{lam}, '
+            f'deploy={self.deploy}'
+        )
 
 
 # ----------------------------------------------------------------------------- FFN
@@ -542,12 +586,18 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
 
     fold_state_keys = ('fc1.weight', 'branch_fc1.weight')  # see mmrepa.fold.check_fold_state
 
-    def __init__(self, embed_dims: int, mlp_ratio: float = 4., num_branches: int = 2,
-                 act_cfg: dict = dict(type='GELU'), join_lambda: float = 0.0,
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        mlp_ratio: float = 4.0,
+        num_branches: int = 2,
+        act_cfg: dict = dict(type='GELU'),
+        join_lambda: float = 0.0,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
-        if isinstance(num_branches, bool) or not isinstance(num_branches, int) \
-                or num_branches < 1:
+        if isinstance(num_branches, bool) or not isinstance(num_branches, int) or num_branches < 1:
             raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
         self.embed_dims, self.num_branches = embed_dims, num_branches
         self.hidden_dims = int(round(mlp_ratio * embed_dims))
@@ -572,8 +622,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
             return self.fc2(self.act(self.fc1(x)))
         lam = self._lambda_for_forward()
         diversity = self._tracks_diversity()
-        if (lam == 1.0 or self.num_branches == 1) and not diversity \
-                and self.fast_joined_forward:
+        if (lam == 1.0 or self.num_branches == 1) and not diversity and self.fast_joined_forward:
             w1, b1, w2, b2 = self._folded_tensors()  # every branch activates the same Z
             return F.linear(self.act(F.linear(x, w1, b1)), w2, b2)
         return self._branches(x, joined=lam != 0.0, diversity=diversity)
@@ -589,9 +638,11 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
             z = ((1 - lam) * z + lam * z.sum(-2, keepdim=True)).view(*lead, n * h)
         if not diversity:
             return self.branch_fc2(self.act(z))
-        per_branch = _branch_linear(self.act(z).view(*lead, n, h),
-                                    self.branch_fc2.weight.view(self.embed_dims, n, h),
-                                    self.branch_fc2.bias)
+        per_branch = _branch_linear(
+            self.act(z).view(*lead, n, h),
+            self.branch_fc2.weight.view(self.embed_dims, n, h),
+            self.branch_fc2.bias,
+        )
         self.branch_diversity = branch_diversity(per_branch)
         return per_branch.sum(-2)
 
@@ -617,8 +668,9 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         tensors = self._folded_tensors(fold_dtype(like))
         del self.branch_fc1, self.branch_fc2, self.join_lambda
         self._build_folded(like)
-        for param, value in zip((self.fc1.weight, self.fc1.bias, self.fc2.weight,
-                                 self.fc2.bias), tensors):
+        for param, value in zip(
+            (self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias), tensors
+        ):
             param.copy_(value)
         self.deploy = True
 
@@ -645,8 +697,10 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
 
     def extra_repr(self) -> str:
         lam = '' if self.deploy else f', join_lambda={self._join_lambda:g}'
-        return (f'embed_dims={self.embed_dims}, hidden_dims={self.hidden_dims}, '
-                f'num_branches={self.num_branches}{lam}, deploy={self.deploy}')
+        return (
+            f'embed_dims={self.embed_dims}, hidden_dims={self.hidden_dims}, '
+            f'num_branches={self.num_branches}{lam}, deploy={self.deploy}'
+        )
 
 
 # ----------------------------------------------------------------------------- block
@@ -694,23 +748,37 @@ class JoinedBlock(Reparameterizable, BaseModule):
 
     fold_state_keys = ('mlp.fc1.weight', 'mlp.branch_fc1.weight')  # names the block on load
 
-    def __init__(self, embed_dims: int, num_heads: int = 12, num_branches: int = 2,
-                 join: str = 'logits', mlp_ratio: float = 4., qkv_bias: bool = True,
-                 drop_path_rate: float = 0., norm_cfg: dict = dict(type='LN', eps=1e-6),
-                 act_cfg: dict = dict(type='GELU'), window_size: Optional[int] = None,
-                 join_lambda: float = 0.0, deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int = 12,
+        num_branches: int = 2,
+        join: str = 'logits',
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_path_rate: float = 0.0,
+        norm_cfg: dict = dict(type='LN', eps=1e-6),
+        act_cfg: dict = dict(type='GELU'),
+        window_size: Optional[int] = None,
+        join_lambda: float = 0.0,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
-        if window_size is not None and (isinstance(window_size, bool) or
-                                        not isinstance(window_size, int) or window_size < 1):
-            raise ConfigError(f'window_size must be an integer >= 1 or None (global attention), '
-                              f'got {window_size!r}')
+        if window_size is not None and (
+            isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
+        ):
+            raise ConfigError(
+                f'window_size must be an integer >= 1 or None (global attention), '
+                f'got {window_size!r}'
+            )
         self.embed_dims, self.num_branches, self.join = embed_dims, num_branches, join
         self.window_size = window_size
         self.deploy = deploy
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = JoinedAttention(embed_dims, num_heads, num_branches, join, qkv_bias,
-                                    join_lambda, deploy)
+        self.attn = JoinedAttention(
+            embed_dims, num_heads, num_branches, join, qkv_bias, join_lambda, deploy
+        )
         self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.mlp = JoinedFFN(embed_dims, mlp_ratio, num_branches, act_cfg, join_lambda, deploy)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
@@ -724,30 +792,40 @@ class JoinedBlock(Reparameterizable, BaseModule):
         self.attn.set_join_lambda(value)
         self.mlp.set_join_lambda(value)
 
-    def forward(self, x: torch.Tensor, hw_shape: Optional[Tuple[int, int]] = None,
-                key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        hw_shape: Optional[Tuple[int, int]] = None,
+        key_padding_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         B, N, C = x.shape
         if self.window_size is None:
             mask = None
             if key_padding_mask is not None:
                 if key_padding_mask.shape != (B, N) or key_padding_mask.dtype != torch.bool:
-                    raise ValueError(f'key_padding_mask must be a bool tensor of shape (B, N) '
-                                     f'= ({B}, {N}), True for real tokens; got '
-                                     f'{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}')
+                    raise ValueError(
+                        f'key_padding_mask must be a bool tensor of shape (B, N) '
+                        f'= ({B}, {N}), True for real tokens; got '
+                        f'{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}'
+                    )
                 mask = key_padding_mask[:, None, None, :]
             x = x + self.drop_path(self.attn(self.norm1(x), mask))
         else:
             if key_padding_mask is not None:
-                raise ValueError('key_padding_mask is for global blocks; a windowed block masks '
-                                 'its own padding (pass hw_shape)')
+                raise ValueError(
+                    'key_padding_mask is for global blocks; a windowed block masks '
+                    'its own padding (pass hw_shape)'
+                )
             x = x + self.drop_path(self._windowed_attention(self.norm1(x), hw_shape))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def _windowed_attention(self, u: torch.Tensor, hw_shape) -> torch.Tensor:
         B, N, C = u.shape
         if hw_shape is None or hw_shape[0] * hw_shape[1] != N:
-            raise ValueError(f'a windowed JoinedBlock needs hw_shape=(H, W) with H * W = N = {N} '
-                             f'(patch tokens only, no class token); got hw_shape={hw_shape}')
+            raise ValueError(
+                f'a windowed JoinedBlock needs hw_shape=(H, W) with H * W = N = {N} '
+                f'(patch tokens only, no class token); got hw_shape={hw_shape}'
+            )
         H, W = hw_shape
         ws = self.window_size
         if H <= ws and W <= ws:  # one window: global attention, no padding
@@ -775,13 +853,17 @@ class JoinedBlock(Reparameterizable, BaseModule):
         self.deploy = True
 
     def describe(self) -> str:
-        return (f'{type(self).__name__}(embed_dims={self.embed_dims}, '
-                f'num_branches={self.num_branches}, join={self.join!r})')
+        return (
+            f'{type(self).__name__}(embed_dims={self.embed_dims}, '
+            f'num_branches={self.num_branches}, join={self.join!r})'
+        )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         check_fold_state(state_dict, prefix, self)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
-        return (f'num_branches={self.num_branches}, join={self.join!r}, '
-                f'window_size={self.window_size}, deploy={self.deploy}')
+        return (
+            f'num_branches={self.num_branches}, join={self.join!r}, '
+            f'window_size={self.window_size}, deploy={self.deploy}'
+        )

@@ -6,6 +6,7 @@ Hyper-Search constants as buffers), ``'hs'`` (Hyper-Search: learns the constants
 (the block the target emulates, constants fixed: the reference of the tests) and ``'repvgg'``
 (the RepVGG baseline). Every mode folds into the same inference network.
 """
+
 import logging
 import os.path as osp
 from typing import Dict, List, Optional, Sequence, Union
@@ -15,11 +16,11 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
-from ..checkpoint.loading import read_state_dict, strip_prefixes
-from ..errors import CheckpointError, ConfigError
-from ..layers.grad_checkpoint import checkpoint_forward
-from ..layers.repopt import (CSLAConvBN, RepOptConvBN, RepVGGConvBN, hyper_search_init)
-from .base import DenseBackbone, lookup_arch
+from ...checkpoint.loading import read_state_dict, strip_prefixes
+from ...errors import CheckpointError, ConfigError
+from ...layers.grad_checkpoint import checkpoint_forward
+from ..base import DenseBackbone, lookup_arch
+from .blocks import CSLAConvBN, RepOptConvBN, RepVGGConvBN, hyper_search_init
 
 # depths of stages 1-4, their widths, the stem's width (SPEC-repopt §6.1)
 ARCH_SETTINGS = {
@@ -92,21 +93,23 @@ class RepOptVGG(DenseBackbone):
 
     stem_name = 'stage0'
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'B1',
-                 mode: str = 'target',
-                 scales: Union[None, str, Dict[str, torch.Tensor]] = None,
-                 identity_init: str = 'searched',
-                 kernel_init: str = 'torch',
-                 strides: Sequence[int] = (2, 2, 2, 2, 2),
-                 in_channels: int = 3,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norm_cfg: Optional[dict] = None,
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        arch: Union[str, dict] = 'B1',
+        mode: str = 'target',
+        scales: Union[None, str, Dict[str, torch.Tensor]] = None,
+        identity_init: str = 'searched',
+        kernel_init: str = 'torch',
+        strides: Sequence[int] = (2, 2, 2, 2, 2),
+        in_channels: int = 3,
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        out_norm_cfg: Optional[dict] = None,
+        frozen_stages: int = -1,
+        norm_eval: bool = False,
+        with_cp: bool = False,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if mode not in MODES:
             raise ConfigError(f'mode must be one of {sorted(MODES)}, got {mode!r}')
@@ -144,17 +147,23 @@ class RepOptVGG(DenseBackbone):
             self.add_module(f'stage{i + 1}', nn.Sequential(*layers))
         if scales is not None:
             if mode not in ('target', 'csla'):
-                raise ConfigError(f"scales= is for mode 'target' or 'csla' (constants); mode "
-                                  f"{mode!r} {'learns them' if mode == 'hs' else 'has none'}")
+                raise ConfigError(
+                    f"scales= is for mode 'target' or 'csla' (constants); mode "
+                    f'{mode!r} {"learns them" if mode == "hs" else "has none"}'
+                )
             if deploy:
-                print_log('RepOptVGG(deploy=True): scales= ignored, not read: the folded '
-                          'network has no branch constants (they only shape training)',
-                          logger='current', level=logging.INFO)
+                print_log(
+                    'RepOptVGG(deploy=True): scales= ignored, not read: the folded '
+                    'network has no branch constants (they only shape training)',
+                    logger='current',
+                    level=logging.INFO,
+                )
                 scales = None
             else:
                 self.load_scales(scales)
-        self.scales_source = None if scales is None else (
-            scales if isinstance(scales, str) else 'a dict')
+        self.scales_source = (
+            None if scales is None else (scales if isinstance(scales, str) else 'a dict')
+        )
         self._setup_outputs(out_norm_cfg)
 
     @property
@@ -191,32 +200,48 @@ class RepOptVGG(DenseBackbone):
         source = scales if isinstance(scales, str) else 'the scales dict'
         if isinstance(scales, str):
             if not osp.isfile(scales):
-                raise FileNotFoundError(f'scales file {scales} does not exist (a Hyper-Search '
-                                        'scales file in the official layout, or an HS '
-                                        'checkpoint)')
+                raise FileNotFoundError(
+                    f'scales file {scales} does not exist (a Hyper-Search '
+                    'scales file in the official layout, or an HS '
+                    'checkpoint)'
+                )
             scales = read_state_dict(scales)
-        found = {k: v for k, v in strip_prefixes(scales).items()
-                 if k.split('.')[-2] in SCALE_NAMES and k.endswith('.weight')}
+        found = {
+            k: v
+            for k, v in strip_prefixes(scales).items()
+            if k.split('.')[-2] in SCALE_NAMES and k.endswith('.weight')
+        }
         if not found:
-            raise CheckpointError(f'{source} holds no Hyper-Search scales (keys such as '
-                                  'stage0.scale_conv.weight)')
+            raise CheckpointError(
+                f'{source} holds no Hyper-Search scales (keys such as stage0.scale_conv.weight)'
+            )
         expected = {}
         for name, m in self.layers().items():
-            for key in SCALE_NAMES[:3 if m.has_identity else 2]:
+            for key in SCALE_NAMES[: 3 if m.has_identity else 2]:
                 expected[f'{name}.{key}.weight'] = m.out_channels
         missing = sorted(set(expected) - set(found))
         extra = sorted(set(found) - set(expected))
         if missing or extra:
             raise CheckpointError(
                 f'{source} does not fit this RepOpt-VGG ({self._arch_name()}): '
-                + (f'no scales for {missing[:4]}{" ..." if len(missing) > 4 else ""} '
-                   if missing else '')
-                + (f'scales for layers it lacks: {extra[:4]}{" ..." if len(extra) > 4 else ""}'
-                   if extra else '') + '. Is it the scales file of another arch?')
+                + (
+                    f'no scales for {missing[:4]}{" ..." if len(missing) > 4 else ""} '
+                    if missing
+                    else ''
+                )
+                + (
+                    f'scales for layers it lacks: {extra[:4]}{" ..." if len(extra) > 4 else ""}'
+                    if extra
+                    else ''
+                )
+                + '. Is it the scales file of another arch?'
+            )
         for key, channels in expected.items():
-            if tuple(found[key].shape) != (channels, ):
-                raise CheckpointError(f'{source}: {key} has shape {tuple(found[key].shape)}, '
-                                      f'this layer has {channels} channels: another arch?')
+            if tuple(found[key].shape) != (channels,):
+                raise CheckpointError(
+                    f'{source}: {key} has shape {tuple(found[key].shape)}, '
+                    f'this layer has {channels} channels: another arch?'
+                )
         with torch.no_grad():
             for name, m in self.layers().items():
                 s, t = found[f'{name}.scale_conv.weight'], found[f'{name}.scale_1x1.weight']
@@ -233,8 +258,9 @@ class RepOptVGG(DenseBackbone):
         """The constants in the official layout (of a Hyper-Search / CSLA model)."""
         if self.mode not in ('hs', 'csla'):
             raise ValueError(f"export_scales() needs mode 'hs' or 'csla', not {self.mode!r}")
-        return {f'{name}.{k}': v for name, m in self.layers().items()
-                for k, v in m.scales().items()}
+        return {
+            f'{name}.{k}': v for name, m in self.layers().items() for k, v in m.scales().items()
+        }
 
     def _arch_name(self) -> str:
         for name, arch in ARCH_SETTINGS.items():
@@ -255,19 +281,23 @@ class RepOptVGG(DenseBackbone):
 
     def reinitialize(self, generator: Optional[torch.Generator] = None) -> None:
         """Apply the rule of initialization to every layer (SPEC-repopt §6.3)."""
-        used = [name for name, m in self.layers().items()
-                if int(m.bn.num_batches_tracked) > 0]
+        used = [name for name, m in self.layers().items() if int(m.bn.num_batches_tracked) > 0]
         if used:
             raise RuntimeError(
                 f'RepOptVGG: the rule of initialization is for training from scratch, but '
                 f'{used[0]} ({len(used)} layers) has trained BatchNorm statistics: these '
                 'weights were loaded or trained. Load them with init_cfg=Pretrained / '
-                'load_from instead of re-initializing.')
+                'load_from instead of re-initializing.'
+            )
         if self.scales_source is None:
-            print_log('RepOptVGG: no scales= given, so the constants are the Hyper-Search '
-                      'initial values (s = t = sqrt(2 / depth)): the paper\'s "same as HS '
-                      'initialization" ablation (B1: 77.71 % top-1 against 78.47 % with the '
-                      'searched constants)', logger='current', level=logging.WARNING)
+            print_log(
+                'RepOptVGG: no scales= given, so the constants are the Hyper-Search '
+                'initial values (s = t = sqrt(2 / depth)): the paper\'s "same as HS '
+                'initialization" ablation (B1: 77.71 % top-1 against 78.47 % with the '
+                'searched constants)',
+                logger='current',
+                level=logging.WARNING,
+            )
         for m in self.layers().values():
             m.reinitialize_(self.kernel_init, self.identity_init, generator)
 
@@ -280,8 +310,9 @@ class RepOptVGG(DenseBackbone):
         if self.mode == 'target' and hs:
             raise CheckpointError(
                 'this is a Hyper-Search checkpoint (it has conv_1x1 / scale_*.weight keys): its '
-                'kernels are not the target\'s. Give it as RepOptVGG(scales=PATH), not as '
-                'pretrained weights.')
+                "kernels are not the target's. Give it as RepOptVGG(scales=PATH), not as "
+                'pretrained weights.'
+            )
         return state_dict
 
     def optional_keys(self, state_dict, source):
@@ -298,12 +329,19 @@ class RepOptVGG(DenseBackbone):
                 f'{source} has no RepOpt constants ({missing[0]} and {len(missing) - 1} more) '
                 'and RepOptVGG got no scales=: set model.backbone.scales to the Hyper-Search '
                 'scales file these kernels were trained with (e.g. '
-                'checkpoints/RepOpt-VGG-B1-scales.pth for B1)')
-        differ = [k for k, v in own.items() if k in state_dict and state_dict[k].shape ==
-                  v.shape and not torch.allclose(state_dict[k].to(v), v, rtol=1e-3, atol=1e-6)]
+                'checkpoints/RepOpt-VGG-B1-scales.pth for B1)'
+            )
+        differ = [
+            k
+            for k, v in own.items()
+            if k in state_dict
+            and state_dict[k].shape == v.shape
+            and not torch.allclose(state_dict[k].to(v), v, rtol=1e-3, atol=1e-6)
+        ]
         if differ:
             raise CheckpointError(
                 f'{source} carries RepOpt constants that differ from scales='
                 f'{self.scales_source} (first: {differ[0]}): drop scales= to train with the '
-                "checkpoint's own, or give the scales file it was trained with")
+                "checkpoint's own, or give the scales file it was trained with"
+            )
         return [f'*.{name}' for name in SCALE_NAMES]

@@ -12,6 +12,7 @@ All three fold (eval mode) into the same inference layer, ``ReLU(conv3x3 with bi
 ``conv_1x1``, ``scale_{conv,1x1,identity}.weight``; RepVGG's ``rbr_*``), so released checkpoints
 and scale files load.
 """
+
 import math
 from typing import Dict, List, Optional
 
@@ -21,11 +22,10 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..errors import CheckpointError, ConfigError
-from ..fold import Reparameterizable
-from ..fold.arithmetic import (batchnorm_affine, check_fold_state, fold_dtype,
-                                norm_fold_problems)
-from ..registry import MODELS
+from ...errors import CheckpointError, ConfigError
+from ...fold import Reparameterizable
+from ...fold.arithmetic import batchnorm_affine, check_fold_state, fold_dtype, norm_fold_problems
+from ...registry import MODELS
 
 
 def centre_tap(kernel_1x1: torch.Tensor) -> torch.Tensor:
@@ -59,8 +59,7 @@ class ChannelScale(nn.Module):
 
     def __init__(self, channels: int, value: float = 1.0, trainable: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.full((channels, ), float(value)),
-                                   requires_grad=trainable)
+        self.weight = nn.Parameter(torch.full((channels,), float(value)), requires_grad=trainable)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.weight.view(1, -1, 1, 1)
@@ -72,8 +71,14 @@ class _RepOptLayer(Reparameterizable, BaseModule):
     Subclasses build their training form unless ``deploy`` and implement :meth:`_fused`.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        stride: int = 1,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         if stride not in (1, 2):
             raise ConfigError(f'stride must be 1 or 2, got {stride}')
@@ -102,8 +107,12 @@ class _RepOptLayer(Reparameterizable, BaseModule):
 
     def fold_problems(self) -> List[str]:
         """Every BatchNorm the fold reads must have finite running statistics."""
-        return [problem for name, bn in self.named_modules() if isinstance(bn, _BatchNorm)
-                for problem in norm_fold_problems(bn, name)]
+        return [
+            problem
+            for name, bn in self.named_modules()
+            if isinstance(bn, _BatchNorm)
+            for problem in norm_fold_problems(bn, name)
+        ]
 
     def reparameterize(self) -> None:
         """Fold the layer into one 3x3 conv with bias (eval-mode BN); idempotent."""
@@ -161,9 +170,15 @@ class RepOptConvBN(_RepOptLayer):
 
     fold_state_keys = ('conv.bias', 'bn.running_mean')  # see mmrepa.fold.check_fold_state
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
-                 deploy: bool = False, init_cfg: Optional[dict] = None,
-                 init_scale: float = 1.0):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        stride: int = 1,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+        init_scale: float = 1.0,
+    ):
         super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
         # True once the constants come from set_scales or a state dict; True on a kernel
         # loaded without them while they were still the initial ones
@@ -172,16 +187,17 @@ class RepOptConvBN(_RepOptLayer):
             return
         self.conv = self.conv3x3()
         self.bn = nn.BatchNorm2d(out_channels)
-        self.register_buffer('scale_conv', torch.full((out_channels, ), float(init_scale)))
-        self.register_buffer('scale_1x1', torch.full((out_channels, ), float(init_scale)))
+        self.register_buffer('scale_conv', torch.full((out_channels,), float(init_scale)))
+        self.register_buffer('scale_1x1', torch.full((out_channels,), float(init_scale)))
         self.register_buffer('scale_identity', torch.ones(out_channels))
 
     def _forward_training(self, x):
         return self.bn(self.conv(x))
 
     @torch.no_grad()
-    def set_scales(self, s: torch.Tensor, t: torch.Tensor,
-                   i: Optional[torch.Tensor] = None) -> None:
+    def set_scales(
+        self, s: torch.Tensor, t: torch.Tensor, i: Optional[torch.Tensor] = None
+    ) -> None:
         """Set the constants (vectors of C_out; ``i`` only where there is an identity)."""
         self.scale_conv.copy_(s)
         self.scale_1x1.copy_(t)
@@ -208,18 +224,25 @@ class RepOptConvBN(_RepOptLayer):
                 '(scale_conv, scale_1x1, scale_identity) and none were given, so its '
                 'multipliers would be the Hyper-Search initial values, not those it was '
                 'trained with: set model.backbone.scales to the scales file it was trained '
-                'with')
+                'with'
+            )
         weight = self.conv.weight
         ones = torch.ones(weight.shape, dtype=torch.float32, device=weight.device)
-        branches = [self.scale_conv.float().view(-1, 1, 1, 1) * ones,
-                    centre_tap(self.scale_1x1.float().view(-1, 1, 1, 1) * ones[..., 1:2, 1:2])]
+        branches = [
+            self.scale_conv.float().view(-1, 1, 1, 1) * ones,
+            centre_tap(self.scale_1x1.float().view(-1, 1, 1, 1) * ones[..., 1:2, 1:2]),
+        ]
         if self.has_identity:
             branches.append(identity_kernel(self.out_channels, ones))
         return {weight: torch.stack(branches)}
 
     @torch.no_grad()
-    def reinitialize_(self, kernel_init: str = 'torch', identity_init: str = 'searched',
-                      generator: Optional[torch.Generator] = None) -> None:
+    def reinitialize_(
+        self,
+        kernel_init: str = 'torch',
+        identity_init: str = 'searched',
+        generator: Optional[torch.Generator] = None,
+    ) -> None:
         """The rule of initialization (SPEC-repopt §6.3): ``W = s ⊙ K0 + centre(t ⊙ P0) +
         diag_centre(i0)`` with fresh random K0, P0 (``kernel_init``: ``'torch'``, PyTorch's
         Conv2d default as the released models; ``'msra'``, the paper's), ``i0`` the searched
@@ -229,13 +252,18 @@ class RepOptConvBN(_RepOptLayer):
         k0 = _random_kernel(weight.shape, kernel_init, generator).to(weight)
         p0 = _random_kernel((*weight.shape[:2], 1, 1), kernel_init, generator).to(weight)
         kernel = self.scale_conv.view(-1, 1, 1, 1) * k0 + centre_tap(
-            self.scale_1x1.view(-1, 1, 1, 1) * p0)
+            self.scale_1x1.view(-1, 1, 1, 1) * p0
+        )
         if self.has_identity:
             if identity_init not in ('searched', 'one'):
-                raise ValueError(f"identity_init must be 'searched' or 'one', got "
-                                 f'{identity_init!r}')
-            i0 = self.scale_identity if identity_init == 'searched' else torch.ones_like(
-                self.scale_identity)
+                raise ValueError(
+                    f"identity_init must be 'searched' or 'one', got {identity_init!r}"
+                )
+            i0 = (
+                self.scale_identity
+                if identity_init == 'searched'
+                else torch.ones_like(self.scale_identity)
+            )
             kernel = kernel + identity_kernel(self.out_channels, weight) * i0.view(-1, 1, 1, 1)
         weight.copy_(kernel)
         self.bn.reset_parameters()
@@ -250,8 +278,9 @@ def _random_kernel(shape, kernel_init: str, generator) -> torch.Tensor:
         bound = 1.0 / math.sqrt(fan_in)
         return (torch.rand(shape, generator=generator) * 2 - 1) * bound
     if kernel_init == 'msra':  # kaiming_normal, fan_out, ReLU gain
-        return torch.randn(shape, generator=generator) * math.sqrt(2.0 / (shape[0] * shape[2] *
-                                                                           shape[3]))
+        return torch.randn(shape, generator=generator) * math.sqrt(
+            2.0 / (shape[0] * shape[2] * shape[3])
+        )
     raise ValueError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
 
 
@@ -272,9 +301,16 @@ class CSLAConvBN(_RepOptLayer):
 
     fold_state_keys = ('conv.bias', 'bn.running_mean')
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
-                 init_scale: float = 1.0, trainable_scales: bool = True, deploy: bool = False,
-                 init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        stride: int = 1,
+        init_scale: float = 1.0,
+        trainable_scales: bool = True,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
         if deploy:
             return
@@ -295,16 +331,20 @@ class CSLAConvBN(_RepOptLayer):
     def equivalent_kernel(self) -> torch.Tensor:
         """The 3x3 kernel W' of the branch sum (differentiable in K, P, s, t, i)."""
         kernel = self.scale_conv.weight.view(-1, 1, 1, 1) * self.conv.weight + centre_tap(
-            self.scale_1x1.weight.view(-1, 1, 1, 1) * self.conv_1x1.weight)
+            self.scale_1x1.weight.view(-1, 1, 1, 1) * self.conv_1x1.weight
+        )
         if self.has_identity:
-            kernel = kernel + identity_kernel(self.out_channels, kernel) * \
-                self.scale_identity.weight.view(-1, 1, 1, 1)
+            kernel = kernel + identity_kernel(
+                self.out_channels, kernel
+            ) * self.scale_identity.weight.view(-1, 1, 1, 1)
         return kernel
 
     def scales(self) -> Dict[str, torch.Tensor]:
         """The searched constants in the official file's names (without the layer prefix)."""
-        out = {'scale_conv.weight': self.scale_conv.weight, 'scale_1x1.weight':
-               self.scale_1x1.weight}
+        out = {
+            'scale_conv.weight': self.scale_conv.weight,
+            'scale_1x1.weight': self.scale_1x1.weight,
+        }
         if self.has_identity:
             out['scale_identity.weight'] = self.scale_identity.weight
         return {k: v.detach().clone() for k, v in out.items()}
@@ -321,8 +361,14 @@ class RepVGGConvBN(_RepOptLayer):
 
     fold_state_keys = ('conv.bias', 'rbr_dense.conv.weight')
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int = 1,
-                 deploy: bool = False, init_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        stride: int = 1,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
         super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
         if deploy:
             return
@@ -330,8 +376,9 @@ class RepVGGConvBN(_RepOptLayer):
         self.rbr_dense.add_module('conv', self.conv3x3())
         self.rbr_dense.add_module('bn', nn.BatchNorm2d(out_channels))
         self.rbr_1x1 = nn.Sequential()
-        self.rbr_1x1.add_module('conv', nn.Conv2d(in_channels, out_channels, 1, stride, 0,
-                                                  bias=False))
+        self.rbr_1x1.add_module(
+            'conv', nn.Conv2d(in_channels, out_channels, 1, stride, 0, bias=False)
+        )
         self.rbr_1x1.add_module('bn', nn.BatchNorm2d(out_channels))
         self.rbr_identity = nn.BatchNorm2d(out_channels) if self.has_identity else None
 
@@ -344,7 +391,6 @@ class RepVGGConvBN(_RepOptLayer):
         k1, b1 = _fold_bn(self.rbr_1x1.conv.weight, self.rbr_1x1.bn, dtype)
         kernel, bias = kernel + centre_tap(k1), bias + b1
         if self.rbr_identity is not None:
-            ki, bi = _fold_bn(identity_kernel(self.out_channels, kernel), self.rbr_identity,
-                              dtype)
+            ki, bi = _fold_bn(identity_kernel(self.out_channels, kernel), self.rbr_identity, dtype)
             kernel, bias = kernel + ki, bias + bi
         return kernel, bias

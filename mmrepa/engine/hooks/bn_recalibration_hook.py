@@ -14,8 +14,9 @@ from ...errors import ConfigError, InputError
 
 
 @torch.no_grad()
-def recalibrate_bn(module: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any],
-                   num_batches: int) -> int:
+def recalibrate_bn(
+    module: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any], num_batches: int
+) -> int:
     """Re-estimate the BatchNorm running statistics of ``module`` with its weights frozen.
 
     Everything runs in eval mode (no dropout, no drop-path: the statistics then match
@@ -38,8 +39,9 @@ def recalibrate_bn(module: nn.Module, batches: Iterable[Any], forward: Callable[
         raise ConfigError(f'num_batches must be >= 1, got {num_batches}')
     bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
     if not bns:
-        raise ConfigError(f'{type(module).__name__} has no BatchNorm with running statistics '
-                          'to recalibrate')
+        raise ConfigError(
+            f'{type(module).__name__} has no BatchNorm with running statistics to recalibrate'
+        )
     it = iter(batches)
     first = next(it, None)
     if first is None:
@@ -97,9 +99,14 @@ def average_bn_statistics(module: nn.Module, num_batches: int) -> int:
         return num_batches
     device = bns[0].running_mean.device
     # one reduction: every statistic weighted by this rank's batch count, then the count
-    flat = torch.cat([getattr(bn, s).reshape(-1).to(device, torch.float64) * num_batches
-                      for bn in bns for s in _STATS] +
-                     [torch.tensor([float(num_batches)], dtype=torch.float64, device=device)])
+    flat = torch.cat(
+        [
+            getattr(bn, s).reshape(-1).to(device, torch.float64) * num_batches
+            for bn in bns
+            for s in _STATS
+        ]
+        + [torch.tensor([float(num_batches)], dtype=torch.float64, device=device)]
+    )
     all_reduce(flat, op='sum')
     total = flat[-1].item()
     flat = flat[:-1] / total
@@ -107,7 +114,7 @@ def average_bn_statistics(module: nn.Module, num_batches: int) -> int:
     for bn in bns:
         for s in _STATS:
             stat = getattr(bn, s)
-            stat.copy_(flat[offset:offset + stat.numel()].view_as(stat))
+            stat.copy_(flat[offset : offset + stat.numel()].view_as(stat))
             offset += stat.numel()
         bn.num_batches_tracked.fill_(int(round(total)))
     return int(round(total))
@@ -153,8 +160,11 @@ class BNRecalibrationHook(Hook):
         if not self.is_last_train_iter(runner):
             return
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        emas = [h for h in runner.hooks
-                if isinstance(h, EMAHook) and getattr(h, 'ema_model', None) is not None]
+        emas = [
+            h
+            for h in runner.hooks
+            if isinstance(h, EMAHook) and getattr(h, 'ema_model', None) is not None
+        ]
         targets = [h.ema_model.module for h in emas] or [model]
         loader = own_iterator_loader(runner.train_dataloader)
         for target in targets:
@@ -164,8 +174,10 @@ class BNRecalibrationHook(Hook):
             if not h.ema_model.update_buffers:
                 _copy_bn_statistics(h.ema_model.module, model)
         which = "the EMA model's" if emas else 'the'
-        runner.logger.info(f'BNRecalibrationHook: {which} BatchNorm statistics re-estimated on '
-                           f'{used} training batches (weights frozen, drop-path off)')
+        runner.logger.info(
+            f'BNRecalibrationHook: {which} BatchNorm statistics re-estimated on '
+            f'{used} training batches (weights frozen, drop-path off)'
+        )
 
 
 def own_iterator_loader(loader: Iterable) -> Iterable:
@@ -175,9 +187,14 @@ def own_iterator_loader(loader: Iterable) -> Iterable:
     recalibration, and the saved statistics would be stale."""
     if not (isinstance(loader, DataLoader) and loader.persistent_workers):
         return loader
-    return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler,
-                      num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-                      pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn)
+    return DataLoader(
+        loader.dataset,
+        batch_sampler=loader.batch_sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn,
+    )
 
 
 @torch.no_grad()
@@ -185,7 +202,7 @@ def _copy_bn_statistics(src: nn.Module, dst: nn.Module) -> None:
     modules = dict(dst.named_modules())
     for name, bn in src.named_modules():
         if isinstance(bn, _BatchNorm) and bn.track_running_stats:
-            for s in _STATS + ('num_batches_tracked', ):
+            for s in _STATS + ('num_batches_tracked',):
                 getattr(modules[name], s).copy_(getattr(bn, s))
 
 

@@ -101,38 +101,56 @@ class BranchJoinScheduleHook(Hook):
 
     priority = 'NORMAL'
 
-    def __init__(self, end_iter: Optional[int] = None, end_ratio: Optional[float] = None,
-                 begin_iter: Optional[int] = None, begin_ratio: Optional[float] = None,
-                 mode: str = 'linear'):
+    def __init__(
+        self,
+        end_iter: Optional[int] = None,
+        end_ratio: Optional[float] = None,
+        begin_iter: Optional[int] = None,
+        begin_ratio: Optional[float] = None,
+        mode: str = 'linear',
+    ):
         if mode not in JOIN_SCHEDULE_MODES:
-            raise ConfigError(f'BranchJoinScheduleHook: mode must be one of '
-                              f'{JOIN_SCHEDULE_MODES}, got mode={mode!r}')
+            raise ConfigError(
+                f'BranchJoinScheduleHook: mode must be one of '
+                f'{JOIN_SCHEDULE_MODES}, got mode={mode!r}'
+            )
         if (end_iter is None) == (end_ratio is None):
-            raise ConfigError('BranchJoinScheduleHook needs exactly one of end_iter (iterations) '
-                              f'and end_ratio (fraction of training), got end_iter={end_iter}, '
-                              f'end_ratio={end_ratio}')
+            raise ConfigError(
+                'BranchJoinScheduleHook needs exactly one of end_iter (iterations) '
+                f'and end_ratio (fraction of training), got end_iter={end_iter}, '
+                f'end_ratio={end_ratio}'
+            )
         if begin_iter is not None and begin_ratio is not None:
-            raise ConfigError('BranchJoinScheduleHook takes at most one of begin_iter and '
-                              f'begin_ratio, got begin_iter={begin_iter}, '
-                              f'begin_ratio={begin_ratio}')
+            raise ConfigError(
+                'BranchJoinScheduleHook takes at most one of begin_iter and '
+                f'begin_ratio, got begin_iter={begin_iter}, '
+                f'begin_ratio={begin_ratio}'
+            )
         for name, value in (('begin_iter', begin_iter), ('end_iter', end_iter)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 0):
-                raise ConfigError(f'BranchJoinScheduleHook: {name} must be an integer >= 0, '
-                                  f'got {name}={value!r}')
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ConfigError(
+                    f'BranchJoinScheduleHook: {name} must be an integer >= 0, got {name}={value!r}'
+                )
         for name, value in (('begin_ratio', begin_ratio), ('end_ratio', end_ratio)):
             if value is not None and not 0.0 <= value <= 1.0:  # also refuses NaN
-                raise ConfigError(f'BranchJoinScheduleHook: {name} must be in [0, 1], got '
-                                  f'{name}={value!r}')
+                raise ConfigError(
+                    f'BranchJoinScheduleHook: {name} must be in [0, 1], got {name}={value!r}'
+                )
         if begin_ratio is None and begin_iter is None:
             begin_iter = 0
         # Same unit on both sides: check now; mixed units are checked in before_train.
         if end_iter is not None and begin_iter is not None and end_iter <= begin_iter:
-            raise ConfigError(f'BranchJoinScheduleHook: end_iter must be > begin_iter, got '
-                              f'begin_iter={begin_iter}, end_iter={end_iter}')
+            raise ConfigError(
+                f'BranchJoinScheduleHook: end_iter must be > begin_iter, got '
+                f'begin_iter={begin_iter}, end_iter={end_iter}'
+            )
         if end_ratio is not None and begin_ratio is not None and end_ratio <= begin_ratio:
-            raise ConfigError(f'BranchJoinScheduleHook: end_ratio must be > begin_ratio, got '
-                              f'begin_ratio={begin_ratio}, end_ratio={end_ratio}')
+            raise ConfigError(
+                f'BranchJoinScheduleHook: end_ratio must be > begin_ratio, got '
+                f'begin_ratio={begin_ratio}, end_ratio={end_ratio}'
+            )
         self.mode = mode
         self.begin_iter, self.begin_ratio = begin_iter, begin_ratio
         self.end_iter, self.end_ratio = end_iter, end_ratio
@@ -146,35 +164,51 @@ class BranchJoinScheduleHook(Hook):
         return getattr(model, 'module', model)  # DDP and similar wrappers
 
     def _options(self) -> str:
-        begin = (f'begin_iter={self.begin_iter}' if self.begin_ratio is None else
-                 f'begin_ratio={self.begin_ratio}')
-        end = (f'end_iter={self.end_iter}' if self.end_ratio is None else
-               f'end_ratio={self.end_ratio}')
+        begin = (
+            f'begin_iter={self.begin_iter}'
+            if self.begin_ratio is None
+            else f'begin_ratio={self.begin_ratio}'
+        )
+        end = (
+            f'end_iter={self.end_iter}' if self.end_ratio is None else f'end_ratio={self.end_ratio}'
+        )
         return f'{begin}, {end}'
 
     def before_train(self, runner) -> None:
         self._modules = join_modules(self._unwrap(runner))
         if not self._modules:
-            raise ConfigError('BranchJoinScheduleHook: the model has no joined module (no module '
-                              'with set_join_lambda, e.g. JoinedBlock); use a backbone built from '
-                              'JoinedBlock with deploy=False or remove the hook')
+            raise ConfigError(
+                'BranchJoinScheduleHook: the model has no joined module (no module '
+                'with set_join_lambda, e.g. JoinedBlock); use a backbone built from '
+                'JoinedBlock with deploy=False or remove the hook'
+            )
         max_iters = runner.max_iters
-        self._begin = (self.begin_iter if self.begin_ratio is None else
-                       round(self.begin_ratio * max_iters))
+        self._begin = (
+            self.begin_iter if self.begin_ratio is None else round(self.begin_ratio * max_iters)
+        )
         self._end = self.end_iter if self.end_ratio is None else round(self.end_ratio * max_iters)
         if self._end <= self._begin:
-            raise ConfigError(f'BranchJoinScheduleHook: the ramp is empty with {self._options()} '
-                              f'and max_iters={max_iters} (begin {self._begin}, end {self._end} '
-                              f'iterations); the end must come after the begin')
+            raise ConfigError(
+                f'BranchJoinScheduleHook: the ramp is empty with {self._options()} '
+                f'and max_iters={max_iters} (begin {self._begin}, end {self._end} '
+                f'iterations); the end must come after the begin'
+            )
         if self._end > max_iters:
-            print_log(f'BranchJoinScheduleHook: the joining ramp ends at iteration {self._end} '
-                      f'({self._options()}) but training stops at max_iters={max_iters}; the '
-                      f'run will end with join_lambda < 1 and the model cannot be folded. '
-                      f'Lower end_iter / end_ratio or train longer.',
-                      logger=runner.logger, level=logging.WARNING)
-        print_log(f'BranchJoinScheduleHook: {len(self._modules)} joined modules; join_lambda '
-                  f'0 -> 1 ({self.mode}) from iteration {self._begin} to {self._end} (training '
-                  f'has {max_iters})', logger=runner.logger, level=logging.INFO)
+            print_log(
+                f'BranchJoinScheduleHook: the joining ramp ends at iteration {self._end} '
+                f'({self._options()}) but training stops at max_iters={max_iters}; the '
+                f'run will end with join_lambda < 1 and the model cannot be folded. '
+                f'Lower end_iter / end_ratio or train longer.',
+                logger=runner.logger,
+                level=logging.WARNING,
+            )
+        print_log(
+            f'BranchJoinScheduleHook: {len(self._modules)} joined modules; join_lambda '
+            f'0 -> 1 ({self.mode}) from iteration {self._begin} to {self._end} (training '
+            f'has {max_iters})',
+            logger=runner.logger,
+            level=logging.INFO,
+        )
         self._apply(runner)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
@@ -184,11 +218,14 @@ class BranchJoinScheduleHook(Hook):
         for name, module in self._unwrap(runner).named_modules():
             lam = getattr(module, 'current_join_lambda', None)
             if isinstance(lam, float) and lam < 1.0:
-                print_log(f'BranchJoinScheduleHook: training ended with join_lambda = {lam:g} '
-                          f'< 1 in {name or "the model"} ({type(module).__name__}) at iteration '
-                          f'{runner.iter} ({self._options()}, mode={self.mode!r}); this model '
-                          f'cannot be folded: continue training until λ = 1.0',
-                          logger=runner.logger, level=logging.WARNING)
+                print_log(
+                    f'BranchJoinScheduleHook: training ended with join_lambda = {lam:g} '
+                    f'< 1 in {name or "the model"} ({type(module).__name__}) at iteration '
+                    f'{runner.iter} ({self._options()}, mode={self.mode!r}); this model '
+                    f'cannot be folded: continue training until λ = 1.0',
+                    logger=runner.logger,
+                    level=logging.WARNING,
+                )
                 return
 
     def _apply(self, runner) -> None:

@@ -4,7 +4,6 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ...errors import ConfigError
-
 from ...layers import PRepBN
 
 
@@ -38,15 +37,22 @@ class PRepBNScheduleHook(Hook):
 
     priority = 'NORMAL'
 
-    def __init__(self, warmup_iters: int = 0, decay_iters: Optional[int] = None,
-                 decay_ratio: Optional[float] = None):
+    def __init__(
+        self,
+        warmup_iters: int = 0,
+        decay_iters: Optional[int] = None,
+        decay_ratio: Optional[float] = None,
+    ):
         if (decay_iters is None) == (decay_ratio is None):
-            raise ConfigError('PRepBNScheduleHook needs exactly one of decay_iters (iterations) '
-                              f'and decay_ratio (fraction of training), got decay_iters='
-                              f'{decay_iters}, decay_ratio={decay_ratio}')
+            raise ConfigError(
+                'PRepBNScheduleHook needs exactly one of decay_iters (iterations) '
+                f'and decay_ratio (fraction of training), got decay_iters='
+                f'{decay_iters}, decay_ratio={decay_ratio}'
+            )
         if warmup_iters < 0 or (decay_iters is not None and decay_iters < 0):
-            raise ConfigError(f'warmup_iters and decay_iters must be >= 0, got {warmup_iters} '
-                              f'and {decay_iters}')
+            raise ConfigError(
+                f'warmup_iters and decay_iters must be >= 0, got {warmup_iters} and {decay_iters}'
+            )
         if decay_ratio is not None and not 0.0 <= decay_ratio <= 1.0:
             raise ConfigError(f'decay_ratio must be in [0, 1], got {decay_ratio}')
         self.warmup_iters = warmup_iters
@@ -57,14 +63,17 @@ class PRepBNScheduleHook(Hook):
     def before_train(self, runner) -> None:
         self._layers = [m for m in runner.model.modules() if isinstance(m, PRepBN)]
         if not self._layers:
-            raise ConfigError('PRepBNScheduleHook: the model has no PRepBN layer; use a backbone '
-                              "with PRepBN norms (type='PRepBNSwin') or remove the hook")
+            raise ConfigError(
+                'PRepBNScheduleHook: the model has no PRepBN layer; use a backbone '
+                "with PRepBN norms (type='PRepBNSwin') or remove the hook"
+            )
         if self.decay_ratio is not None:
             self.decay_iters = round(self.decay_ratio * runner.max_iters)
         runner.logger.info(
             f'PRepBNScheduleHook: {len(self._layers)} PRepBN layers; lambda = 1 for '
             f'{self.warmup_iters} iterations, then 0 after {self.decay_iters} more '
-            f'(training has {runner.max_iters})')
+            f'(training has {runner.max_iters})'
+        )
         self._apply(runner)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:

@@ -87,8 +87,14 @@ class ReparameterizeHook(Hook):
 
     priority = 'LOW'
 
-    def __init__(self, verify: bool = True, tolerance: float = 1e-4,
-                 measure_latency: bool = False, num_batches: int = 10, warmup: int = 2):
+    def __init__(
+        self,
+        verify: bool = True,
+        tolerance: float = 1e-4,
+        measure_latency: bool = False,
+        num_batches: int = 10,
+        warmup: int = 2,
+    ):
         self.verify = verify
         self.tolerance = tolerance
         self.measure_latency = measure_latency
@@ -122,13 +128,18 @@ class ReparameterizeHook(Hook):
         model.eval()
         report = fold_model(copy.deepcopy(model), logger=None)
         folded = report.model
-        self.results = dict(params_before=report.params_before,
-                            params_after=report.params_after, folded=report.folded,
-                            not_folded=report.unfolded)
+        self.results = dict(
+            params_before=report.params_before,
+            params_after=report.params_after,
+            folded=report.folded,
+            not_folded=report.unfolded,
+        )
         if self.verify or self.measure_latency:
-            batches = list(itertools.islice(runner.test_dataloader,
-                                            max(1, self.num_batches if self.measure_latency
-                                                else 1)))
+            batches = list(
+                itertools.islice(
+                    runner.test_dataloader, max(1, self.num_batches if self.measure_latency else 1)
+                )
+            )
             if self.verify:
                 self._verify(runner, model, folded, batches[0])
             if self.measure_latency:
@@ -164,16 +175,20 @@ class ReparameterizeHook(Hook):
         try:
             ref = _outputs(model, data, shared)
         except NotImplementedError:  # a model without a tensor mode: its backbone at least
-            runner.logger.warning('ReparameterizeHook: the model has no tensor mode; verifying '
-                                  'the backbone outputs only')
+            runner.logger.warning(
+                'ReparameterizeHook: the model has no tensor mode; verifying '
+                'the backbone outputs only'
+            )
             ref, out = model.backbone(data['inputs']), folded.backbone(data['inputs'])
         else:
             out = _outputs(folded, data, shared)
         ref, out = list(_tensors(ref)), list(_tensors(out))
         if [(p, r.shape) for p, r in ref] != [(p, o.shape) for p, o in out]:
-            raise RuntimeError('the folded model disagrees with the original: its outputs have '
-                               'another structure or shape. A fold is wrong for this model; '
-                               'please report it.')
+            raise RuntimeError(
+                'the folded model disagrees with the original: its outputs have '
+                'another structure or shape. A fold is wrong for this model; '
+                'please report it.'
+            )
         ref = [(p, r.detach().double()) for p, r in ref if r.numel()]
         out = [o.detach().double() for p, o in out if o.numel()]
         largest = max((r.abs().max().item() for _, r in ref), default=0.0)
@@ -184,16 +199,20 @@ class ReparameterizeHook(Hook):
             # 1e-3 of the largest output, whose rounding errors reach the tiny ones
             scale = max(r.abs().max().item(), 1e-3 * largest) or 1.0
             errors.append(((r - o).abs().max().item() / scale, path, scale))
-        err, worst, worst_scale = max(errors, key=lambda e: e[0] if e[0] == e[0] else
-                                      float('inf'), default=(0.0, None, 0.0))  # NaN is worst
+        err, worst, worst_scale = max(
+            errors, key=lambda e: e[0] if e[0] == e[0] else float('inf'), default=(0.0, None, 0.0)
+        )  # NaN is worst
         self.results['verify_rel_error'] = err
         if not err <= self.tolerance:
             raise RuntimeError(
                 f'the folded model disagrees with the original: {worst} differs by {err:.3e} '
                 f'(relative to its magnitude {worst_scale:.3e}), more than '
-                f'tolerance={self.tolerance:g}. A fold is wrong for this model; please report it.')
-        runner.logger.info(f'ReparameterizeHook: folded model verified on a test batch '
-                           f'({len(ref)} output tensors), max relative error {err:.2e}')
+                f'tolerance={self.tolerance:g}. A fold is wrong for this model; please report it.'
+            )
+        runner.logger.info(
+            f'ReparameterizeHook: folded model verified on a test batch '
+            f'({len(ref)} output tensors), max relative error {err:.2e}'
+        )
 
     @torch.no_grad()
     def _measure(self, runner, model, folded, batches) -> None:
@@ -218,32 +237,54 @@ class ReparameterizeHook(Hook):
                 runner.logger.info(f'ReparameterizeHook: timed {done}/{total} test batches')
 
         stats = time_interleaved(
-            dict(before=one_batch_at_a_time('before', model),
-                 after=one_batch_at_a_time('after', folded)),
-            repeat=len(batches), warmup=self.warmup, device=device, progress=progress)
+            dict(
+                before=one_batch_at_a_time('before', model),
+                after=one_batch_at_a_time('after', folded),
+            ),
+            repeat=len(batches),
+            warmup=self.warmup,
+            device=device,
+            progress=progress,
+        )
         per_image = {}
         for name, s in stats.items():
-            timed = sizes[name][-len(s.samples):]  # the warmup calls came first
+            timed = sizes[name][-len(s.samples) :]  # the warmup calls came first
             per_image[name] = statistics.median([t / n for t, n in zip(s.samples, timed)])
         before, after = per_image['before'], per_image['after']
-        self.results.update(ms_per_image_before=before, ms_per_image_after=after,
-                            change_percent=100.0 * (after - before) / before,
-                            autocast=fp16)
+        self.results.update(
+            ms_per_image_before=before,
+            ms_per_image_after=after,
+            change_percent=100.0 * (after - before) / before,
+            autocast=fp16,
+        )
 
     def _log_table(self, runner) -> None:
         r = self.results
-        rows = [('parameters (M)', f"{r['params_before'] / 1e6:.2f}",
-                 f"{r['params_after'] / 1e6:.2f}",
-                 f"{100.0 * (r['params_after'] - r['params_before']) / r['params_before']:+.1f} %")]
+        rows = [
+            (
+                'parameters (M)',
+                f'{r["params_before"] / 1e6:.2f}',
+                f'{r["params_after"] / 1e6:.2f}',
+                f'{100.0 * (r["params_after"] - r["params_before"]) / r["params_before"]:+.1f} %',
+            )
+        ]
         if 'ms_per_image_before' in r:
-            rows.insert(0, ('test_step ms/img, amp' if r['autocast'] else 'test_step ms / image',
-                            f"{r['ms_per_image_before']:.1f}",
-                            f"{r['ms_per_image_after']:.1f}", f"{r['change_percent']:+.1f} %"))
-        lines = [f"{'':<22}{'before':>10}{'after':>10}{'change':>10}"]
+            rows.insert(
+                0,
+                (
+                    'test_step ms/img, amp' if r['autocast'] else 'test_step ms / image',
+                    f'{r["ms_per_image_before"]:.1f}',
+                    f'{r["ms_per_image_after"]:.1f}',
+                    f'{r["change_percent"]:+.1f} %',
+                ),
+            )
+        lines = [f'{"":<22}{"before":>10}{"after":>10}{"change":>10}']
         lines += [f'{a:<22}{b:>10}{c:>10}{d:>10}' for a, b, c, d in rows]
         lines += [f'folded {n} x {kind}' for kind, n in sorted(r['folded'].items())]
-        runner.logger.info('ReparameterizeHook: reparameterized the model for testing\n' +
-                           '\n'.join(lines))
+        runner.logger.info(
+            'ReparameterizeHook: reparameterized the model for testing\n' + '\n'.join(lines)
+        )
         if r['not_folded']:
-            runner.logger.warning('ReparameterizeHook: these modules may not be folded: ' +
-                                  '; '.join(r['not_folded']))
+            runner.logger.warning(
+                'ReparameterizeHook: these modules may not be folded: ' + '; '.join(r['not_folded'])
+            )

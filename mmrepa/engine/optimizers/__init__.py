@@ -4,6 +4,7 @@ model exactly like its imaginary multi-branch CSLA model, and the constructor th
 Registered in mmengine's root registries: ``RepOptSGD`` and ``RepOptAdamW`` in ``OPTIMIZERS``,
 ``RepOptOptimWrapperConstructor`` in ``OPTIM_WRAPPER_CONSTRUCTORS``.
 """
+
 from .base import RepOptOptimizer
 from .branch_scales import branch_multiplier, collect_branch_scales
 from .constructor import RepOptOptimWrapperConstructor
@@ -11,6 +12,10 @@ from .repopt_adamw import RepOptAdamW
 from .repopt_sgd import RepOptSGD
 
 __all__ = [
-    'RepOptOptimizer', 'RepOptSGD', 'RepOptAdamW', 'RepOptOptimWrapperConstructor',
-    'collect_branch_scales', 'branch_multiplier'
+    'RepOptOptimizer',
+    'RepOptSGD',
+    'RepOptAdamW',
+    'RepOptOptimWrapperConstructor',
+    'collect_branch_scales',
+    'branch_multiplier',
 ]

@@ -1,5 +1,6 @@
 """What the RepOpt optimizers share: the attached branch scales of the RepOpt kernels and the
 exact CSLA-norm gradient clipping."""
+
 import math
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
@@ -45,10 +46,12 @@ class RepOptOptimizer(Optimizer):
 
     # --- branch scales ------------------------------------------------------------------------
 
-    def attach_branch_scales(self,
-                             scales: BranchScales,
-                             names: Optional[Dict[nn.Parameter, str]] = None,
-                             source: Optional[Callable[[], BranchScales]] = None) -> None:
+    def attach_branch_scales(
+        self,
+        scales: BranchScales,
+        names: Optional[Dict[nn.Parameter, str]] = None,
+        source: Optional[Callable[[], BranchScales]] = None,
+    ) -> None:
         """Attach the branch scales of the RepOpt kernels (replacing earlier ones).
 
         Args:
@@ -69,9 +72,11 @@ class RepOptOptimizer(Optimizer):
             name = names.get(p, f'kernel of shape {tuple(p.shape)}')
             check_branch_scales(p, a, name)
             if p not in in_groups:
-                raise ValueError(f'RepOpt kernel {name!r} is not in any parameter group of '
-                                 f'{type(self).__name__}: build the optimizer over the same '
-                                 'parameter objects (not a copy, not FSDP-flattened)')
+                raise ValueError(
+                    f'RepOpt kernel {name!r} is not in any parameter group of '
+                    f'{type(self).__name__}: build the optimizer over the same '
+                    'parameter objects (not a copy, not FSDP-flattened)'
+                )
             stored[p] = self._prepare_scales(p, a.detach().to(p.device))
         self._repopt = stored
 
@@ -95,10 +100,11 @@ class RepOptOptimizer(Optimizer):
         if self._repopt is None:
             raise RuntimeError(
                 f'{type(self).__name__} has no branch scales attached, so it would silently '
-                "train without gradient multipliers. Build it with optim_wrapper=dict("
+                'train without gradient multipliers. Build it with optim_wrapper=dict('
                 "constructor='RepOptOptimWrapperConstructor', ...) or call "
                 'optimizer.attach_branch_scales(collect_branch_scales(model)) '
-                '(attach {} to train without multipliers on purpose)')
+                '(attach {} to train without multipliers on purpose)'
+            )
         t = self._repopt.get(p)
         if t is None:
             return None
@@ -114,10 +120,9 @@ class RepOptOptimizer(Optimizer):
 
     # --- CSLA-norm clipping -------------------------------------------------------------------
 
-    def set_csla_clip(self,
-                      max_norm: Optional[float],
-                      norm_type: float = 2.0,
-                      error_if_nonfinite: bool = False) -> None:
+    def set_csla_clip(
+        self, max_norm: Optional[float], norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> None:
         """Clip the gradients by the CSLA model's gradient norm inside :meth:`step`.
 
         ``||grad_theta L||^2 = sum M * g**2`` over the RepOpt kernels ``+ sum g**2`` over the
@@ -135,13 +140,14 @@ class RepOptOptimizer(Optimizer):
             self.csla_clip = None
             return
         if float(norm_type) != 2.0:
-            raise ConfigError(f'csla clipping supports norm_type=2 only, got {norm_type!r}: the '
-                              "CSLA model's gradient norm is computable from the plain model for "
-                              'the Euclidean norm only; drop norm_type')
+            raise ConfigError(
+                f'csla clipping supports norm_type=2 only, got {norm_type!r}: the '
+                "CSLA model's gradient norm is computable from the plain model for "
+                'the Euclidean norm only; drop norm_type'
+            )
         if not max_norm > 0:
             raise ConfigError(f'csla clipping needs max_norm > 0, got {max_norm!r}')
-        self.csla_clip = dict(max_norm=float(max_norm),
-                              error_if_nonfinite=bool(error_if_nonfinite))
+        self.csla_clip = dict(max_norm=float(max_norm), error_if_nonfinite=bool(error_if_nonfinite))
 
     def _params_with_grad(self) -> Iterator[nn.Parameter]:
         for group in self.param_groups:
@@ -173,8 +179,10 @@ class RepOptOptimizer(Optimizer):
             return None
         norm = self.csla_grad_norm()
         if self.csla_clip['error_if_nonfinite'] and not bool(torch.isfinite(norm)):
-            raise RuntimeError(f'the CSLA gradient norm is {norm.item()}: the gradients '
-                               'contain inf or nan (error_if_nonfinite=True)')
+            raise RuntimeError(
+                f'the CSLA gradient norm is {norm.item()}: the gradients '
+                'contain inf or nan (error_if_nonfinite=True)'
+            )
         # log like OptimWrapper's clipping does, so grad_norm shows up in the training log
         norm_value = norm.item()
         if not math.isnan(norm_value):
@@ -193,4 +201,3 @@ class RepOptOptimizer(Optimizer):
     @staticmethod
     def _scaled(g: torch.Tensor, coef: Optional[torch.Tensor]) -> torch.Tensor:
         return g if coef is None else g * coef.to(g.device, g.dtype)
-

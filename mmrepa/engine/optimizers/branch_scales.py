@@ -9,6 +9,7 @@ of the imaginary CSLA block (``K <= 3``): ``A[k]`` is the constant scale ``alpha
 ``s_c`` everywhere; 1x1 branch: ``t_c`` at the centre tap; identity: 1.0 at the centre tap of
 ``c == d``). ``A`` is float32 (or float64), a constant, on the kernel's device.
 """
+
 from collections import OrderedDict
 from typing import Dict, Optional
 
@@ -35,19 +36,27 @@ def check_branch_scales(param: nn.Parameter, scales: torch.Tensor, name: str = '
     """Raise ``ValueError`` unless ``scales`` is a valid ``(K, *param.shape)`` scale tensor."""
     where = f'repopt_branch_scales() of {name!r}'
     if not isinstance(scales, torch.Tensor):
-        raise ValueError(f'{where} returned a {type(scales).__name__}, expected a tensor of '
-                         f'shape (K, {", ".join(map(str, param.shape))})')
+        raise ValueError(
+            f'{where} returned a {type(scales).__name__}, expected a tensor of '
+            f'shape (K, {", ".join(map(str, param.shape))})'
+        )
     if scales.dim() != param.dim() + 1 or scales.shape[1:] != param.shape or scales.shape[0] < 1:
-        raise ValueError(f'{where} has shape {tuple(scales.shape)}; expected (K, '
-                         f'{", ".join(map(str, param.shape))}) with K >= 1 branches, the '
-                         "kernel's shape after the branch dimension")
+        raise ValueError(
+            f'{where} has shape {tuple(scales.shape)}; expected (K, '
+            f'{", ".join(map(str, param.shape))}) with K >= 1 branches, the '
+            "kernel's shape after the branch dimension"
+        )
     if not scales.is_floating_point() or scales.dtype in _TOO_NARROW:
-        raise ValueError(f'{where} is {scales.dtype}; build the scales in float32 or float64 '
-                         '(small multipliers such as 1e-11 flush to 0 in half precision)')
+        raise ValueError(
+            f'{where} is {scales.dtype}; build the scales in float32 or float64 '
+            '(small multipliers such as 1e-11 flush to 0 in half precision)'
+        )
     if scales.requires_grad:
-        raise ValueError(f'{where} requires grad: gradient re-parameterization needs constant '
-                         'scales (a target/CSLA layer); a model with trainable scales (the '
-                         'Hyper-Search model) is trained with a plain optimizer')
+        raise ValueError(
+            f'{where} requires grad: gradient re-parameterization needs constant '
+            'scales (a target/CSLA layer); a model with trainable scales (the '
+            'Hyper-Search model) is trained with a plain optimizer'
+        )
     if not bool(torch.isfinite(scales).all()):
         raise ValueError(f'{where} contains inf or nan: check the scale file it was built from')
 
@@ -76,13 +85,17 @@ def collect_branch_scales(model: nn.Module) -> BranchScales:
         for param, scales in fn().items():
             name = names.get(param)
             if name is None:
-                raise ValueError(f'repopt_branch_scales() of module {mod_name!r} returned a '
-                                 f'tensor of shape {tuple(param.shape)} that is not a parameter '
-                                 'of the model; return the kernel nn.Parameter itself')
+                raise ValueError(
+                    f'repopt_branch_scales() of module {mod_name!r} returned a '
+                    f'tensor of shape {tuple(param.shape)} that is not a parameter '
+                    'of the model; return the kernel nn.Parameter itself'
+                )
             if param in out:
-                raise ValueError(f'parameter {name!r} has branch scales from both module '
-                                 f'{owner[param]!r} and module {mod_name!r}; only one module '
-                                 'may return scales for a kernel')
+                raise ValueError(
+                    f'parameter {name!r} has branch scales from both module '
+                    f'{owner[param]!r} and module {mod_name!r}; only one module '
+                    'may return scales for a kernel'
+                )
             check_branch_scales(param, scales, name)
             out[param] = scales.detach()
             owner[param] = mod_name
@@ -97,8 +110,7 @@ def param_names(model: nn.Module) -> Dict[nn.Parameter, str]:
     return names
 
 
-def branch_multiplier(scales: torch.Tensor,
-                      dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def branch_multiplier(scales: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The SGD gradient multiplier ``M = sum_k A[k]**2`` (the diagonal of ``J J^T``).
 
     Args:

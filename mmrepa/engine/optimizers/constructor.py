@@ -1,5 +1,6 @@
 """RepOptOptimWrapperConstructor: builds a RepOpt optimizer for a model with RepOpt kernels and
 refuses every setting that would silently break the equivalence with the CSLA model."""
+
 import copy
 import logging
 from typing import Dict, List, Optional
@@ -18,15 +19,18 @@ _REFUSED = {
     'sgd': "use type='RepOptSGD' (same arguments)",
     'adamw': "use type='RepOptAdamW' (same arguments)",
     'lars': 'LARS scales every tensor by its own trust ratio, which differs between the CSLA '
-            "branches and the merged kernel; use type='RepOptSGD'",
+    "branches and the merged kernel; use type='RepOptSGD'",
     'lamb': 'LAMB scales every tensor by its own trust ratio, which differs between the CSLA '
-            "branches and the merged kernel; use type='RepOptAdamW'",
+    "branches and the merged kernel; use type='RepOptAdamW'",
 }
 
 
 def _type_name(optim_type) -> str:
-    return optim_type if isinstance(optim_type, str) else getattr(optim_type, '__name__',
-                                                                   str(optim_type))
+    return (
+        optim_type
+        if isinstance(optim_type, str)
+        else getattr(optim_type, '__name__', str(optim_type))
+    )
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -84,16 +88,20 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             with OPTIMIZERS.switch_scope_and_registry(None) as registry:
                 cls = registry.get(optim_type)
             if cls is None:
-                raise ConfigError(f'optimizer type {optim_type!r} is not registered; use '
-                                  "type='RepOptSGD' or type='RepOptAdamW'")
+                raise ConfigError(
+                    f'optimizer type {optim_type!r} is not registered; use '
+                    "type='RepOptSGD' or type='RepOptAdamW'"
+                )
         if isinstance(cls, type) and issubclass(cls, RepOptOptimizer):
             return cls
         name = _type_name(optim_type)
         key = name.split('.')[-1].lower()  # 'mmengine.SGD' -> 'sgd'
         if key == 'adam':
-            why = ("Adam's coupled L2 decay has no element-wise equivalent for the CSLA "
-                   "branches; use type='RepOptAdamW' (decoupled decay; weight_decay=0 gives "
-                   'plain Adam)')
+            why = (
+                "Adam's coupled L2 decay has no element-wise equivalent for the CSLA "
+                "branches; use type='RepOptAdamW' (decoupled decay; weight_decay=0 gives "
+                'plain Adam)'
+            )
         elif any(k in key for k in ('lars', 'lamb')):
             why = _REFUSED['lars' if 'lars' in key else 'lamb']
         else:
@@ -101,7 +109,8 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         raise ConfigError(
             f'optimizer type {name!r} cannot train RepOpt kernels with their gradient '
             f'multipliers under RepOptOptimWrapperConstructor: {why}. To train the model '
-            'without multipliers on purpose, drop constructor=\'RepOptOptimWrapperConstructor\'')
+            "without multipliers on purpose, drop constructor='RepOptOptimWrapperConstructor'"
+        )
 
     @staticmethod
     def _csla_clip(optim_wrapper_cfg: dict) -> Optional[dict]:
@@ -116,11 +125,14 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 f'optim_wrapper.clip_grad={given!r} clips by the plain gradient norm (or value), '
                 'which breaks the equivalence between RepOpt training and the CSLA model '
                 "(SPEC-repopt §6.4); use clip_grad=dict(type='csla', max_norm=...) to clip by "
-                "the CSLA model's gradient norm, or remove clip_grad")
+                "the CSLA model's gradient norm, or remove clip_grad"
+            )
         unknown = set(clip) - {'max_norm', 'norm_type', 'error_if_nonfinite'}
         if unknown or 'max_norm' not in clip:
-            raise ConfigError(f"clip_grad=dict(type='csla', ...) takes max_norm (required), "
-                              f'norm_type=2 and error_if_nonfinite; got {sorted(clip)}')
+            raise ConfigError(
+                f"clip_grad=dict(type='csla', ...) takes max_norm (required), "
+                f'norm_type=2 and error_if_nonfinite; got {sorted(clip)}'
+            )
         return clip
 
     def _custom_key(self, name: str) -> Optional[str]:
@@ -133,10 +145,10 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def _refuse_or_warn(self, msg: str) -> None:
         if self.strict:
-            raise ConfigError(msg + '; if this is intended, set '
-                              'paramwise_cfg=dict(repopt_strict=False)')
-        print_log(msg + ' (allowed: repopt_strict=False)', logger='current',
-                  level=logging.WARNING)
+            raise ConfigError(
+                msg + '; if this is intended, set paramwise_cfg=dict(repopt_strict=False)'
+            )
+        print_log(msg + ' (allowed: repopt_strict=False)', logger='current', level=logging.WARNING)
 
     def _check_groups(self, optimizer: RepOptOptimizer, scales: Dict, names: Dict) -> Dict:
         """Strict checks on the kernels' groups; returns the scales of the kernels to attach."""
@@ -152,21 +164,27 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 continue
             group = group_of.get(p)
             if group is None:
-                raise ConfigError(f'RepOpt kernel {name!r} is trainable but in no parameter '
-                                  'group of the optimizer (check paramwise_cfg, e.g. '
-                                  'bypass_duplicate)')
+                raise ConfigError(
+                    f'RepOpt kernel {name!r} is trainable but in no parameter '
+                    'group of the optimizer (check paramwise_cfg, e.g. '
+                    'bypass_duplicate)'
+                )
             key = self._custom_key(name)
-            why = (f"paramwise_cfg.custom_keys[{key!r}]" if key is not None else
-                   'a paramwise_cfg rule')
-            for option, base, mult in (('weight_decay', base_wd, 'decay_mult'),
-                                       ('lr', base_lr, 'lr_mult')):
+            why = (
+                f'paramwise_cfg.custom_keys[{key!r}]' if key is not None else 'a paramwise_cfg rule'
+            )
+            for option, base, mult in (
+                ('weight_decay', base_wd, 'decay_mult'),
+                ('lr', base_lr, 'lr_mult'),
+            ):
                 value = group.get(option, base)
                 if base is not None and value != base:
                     self._refuse_or_warn(
                         f'RepOpt kernel {name!r} gets {option}={value} from {why} instead of '
                         f"the optimizer's {option}={base}: a {mult} on a RepOpt kernel "
                         'applies to every branch of the emulated CSLA layer, its identity '
-                        'scale included (SPEC pitfall 13)')
+                        'scale included (SPEC pitfall 13)'
+                    )
             kept[p] = a
         return kept
 
@@ -187,7 +205,8 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 f'RepOpt optimizer on a model without multipliers: no module of '
                 f'{type(model).__name__} has repopt_branch_scales() (e.g. a RepOptVGG in '
                 "mode='target'); use a plain optimizer without "
-                "constructor='RepOptOptimWrapperConstructor'")
+                "constructor='RepOptOptimWrapperConstructor'"
+            )
 
         optimizer_cfg = self.optimizer_cfg.copy()
         optimizer_cfg['type'] = optimizer_cls
@@ -201,8 +220,10 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
         kept = self._check_groups(optimizer, scales, names)
         optimizer.attach_branch_scales(
-            kept, names, source=lambda: {p: a for p, a in collect_branch_scales(model).items()
-                                         if p in kept})
+            kept,
+            names,
+            source=lambda: {p: a for p, a in collect_branch_scales(model).items() if p in kept},
+        )
         if clip is not None:
             try:
                 optimizer.set_csla_clip(**clip)

@@ -1,4 +1,5 @@
 """RepOptAdamW: AdamW that reproduces AdamW on the imaginary CSLA block branch by branch."""
+
 from typing import Optional, Tuple
 
 import torch
@@ -44,14 +45,16 @@ class RepOptAdamW(RepOptOptimizer):
             reproduce that code, not for new runs.
     """
 
-    def __init__(self,
-                 params,
-                 lr: float = 1e-3,
-                 betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8,
-                 weight_decay: float = 1e-2,
-                 amsgrad: bool = False,
-                 mode: str = 'exact'):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        mode: str = 'exact',
+    ):
         if lr < 0:
             raise ConfigError(f'RepOptAdamW: lr must be >= 0, got {lr}')
         if eps < 0:
@@ -61,9 +64,15 @@ class RepOptAdamW(RepOptOptimizer):
         if weight_decay < 0:
             raise ConfigError(f'RepOptAdamW: weight_decay must be >= 0, got {weight_decay}')
         if mode not in _MODES:
-            raise ConfigError(f"RepOptAdamW: mode must be one of {_MODES}, got {mode!r}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        amsgrad=amsgrad, mode=mode)
+            raise ConfigError(f'RepOptAdamW: mode must be one of {_MODES}, got {mode!r}')
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            mode=mode,
+        )
         super().__init__(params, defaults)
 
     def _prepare_scales(self, param: nn.Parameter, scales: torch.Tensor) -> torch.Tensor:
@@ -96,11 +105,11 @@ class RepOptAdamW(RepOptOptimizer):
                     # torch's layout (a float32 step tensor), so the states are interchangeable
                     state['step'] = torch.tensor(0.0, dtype=torch.float32)
                     state['exp_avg'] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state['exp_avg_sq'] = torch.zeros_like(p,
-                                                           memory_format=torch.preserve_format)
+                    state['exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     if amsgrad:
                         state['max_exp_avg_sq'] = torch.zeros_like(
-                            p, memory_format=torch.preserve_format)
+                            p, memory_format=torch.preserve_format
+                        )
                 exp_avg, exp_avg_sq = state['exp_avg'], state['exp_avg_sq']
                 state['step'] += 1
                 step = state['step'].item()
@@ -110,7 +119,7 @@ class RepOptAdamW(RepOptOptimizer):
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 bias_correction1 = 1 - beta1**step
-                bias_correction2_sqrt = (1 - beta2**step)**0.5
+                bias_correction2_sqrt = (1 - beta2**step) ** 0.5
                 step_size = lr / bias_correction1
                 if amsgrad:
                     v = state['max_exp_avg_sq']

@@ -1,4 +1,5 @@
 """RepOptSGD: torch SGD whose loss gradient of each RepOpt kernel is multiplied by its Grad Mult."""
+
 from typing import Optional
 
 import torch
@@ -44,14 +45,16 @@ class RepOptSGD(RepOptOptimizer):
             CSLA. Default: False.
     """
 
-    def __init__(self,
-                 params,
-                 lr: float = 1e-3,
-                 momentum: float = 0.,
-                 dampening: float = 0.,
-                 weight_decay: float = 0.,
-                 nesterov: bool = False,
-                 decoupled_weight_decay: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        decoupled_weight_decay: bool = False,
+    ):
         if lr < 0:
             raise ConfigError(f'RepOptSGD: lr must be >= 0, got {lr}')
         if momentum < 0:
@@ -59,10 +62,18 @@ class RepOptSGD(RepOptOptimizer):
         if weight_decay < 0:
             raise ConfigError(f'RepOptSGD: weight_decay must be >= 0, got {weight_decay}')
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ConfigError('RepOptSGD: nesterov=True needs momentum > 0 and dampening = 0 '
-                              f'(got momentum={momentum}, dampening={dampening})')
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                        nesterov=nesterov, decoupled_weight_decay=decoupled_weight_decay)
+            raise ConfigError(
+                'RepOptSGD: nesterov=True needs momentum > 0 and dampening = 0 '
+                f'(got momentum={momentum}, dampening={dampening})'
+            )
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
         super().__init__(params, defaults)
 
     def _prepare_scales(self, param: nn.Parameter, scales: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,15 @@ mmengine's Runner writes the environment and the whole config (~540 lines) befor
 model, so a typo in a type, an unknown ``arch`` or a checkpoint of another model used to surface
 below all that, in a traceback. Our tools call :func:`check_types` (from
 :func:`mmrepa.apis.load_config`) and :func:`check_model` (from
-:func:`mmrepa.tool_inputs.check_inputs`) first, which raise :class:`~mmrepa.errors.ConfigError`
-or :class:`~mmrepa.errors.CheckpointError` with one line per problem.
+:func:`mmrepa.integrations.cli.inputs.check_inputs`) first, which raise
+:class:`~mmrepa.errors.ConfigError` or :class:`~mmrepa.errors.CheckpointError` with one line
+per problem.
 
 mmdet's, mmseg's and mmpretrain's own tools (``mim train mmdet CONFIG``) build our backbones
 inside their Runner, after the print-out; there :func:`install_excepthook` turns the errors whose
 cause is known into one line at the end instead of a traceback (see :func:`explain`).
 """
+
 import copy
 import difflib
 import importlib
@@ -25,7 +27,7 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import DefaultScope, Registry
 
-from .errors import CheckpointError, ConfigError, MMRepaError
+from ...errors import CheckpointError, ConfigError, MMRepaError
 
 # The registries a model config's ``type``s come from: modules and losses, assigners and coders
 # (mmdet's TASK_UTILS), init_cfg, and mmpretrain's batch augmentations.
@@ -39,7 +41,8 @@ def config_scope(cfg: Config) -> str:
 def model_registries(scope: str) -> List[Registry]:
     """The scope's model registries, and mmrepa's layer registry (its norms and activations
     resolve without the ``mmrepa.`` prefix inside our backbones)."""
-    from .registry import MODELS as LAYERS
+    from ...registry import MODELS as LAYERS
+
     module = importlib.import_module(f'{scope}.registry')
     found = [getattr(module, name, None) for name in MODEL_REGISTRIES]
     return [r for r in found if isinstance(r, Registry)] + [LAYERS]
@@ -112,9 +115,11 @@ def unknown_types(cfg: Config) -> List[str]:
                 continue
             if not _resolves(name, registries):
                 hint = did_you_mean(name, registries) or (
-                    'check the spelling, or add the package that registers it to custom_imports')
-                problems.append(f'{key}={name!r} is not a registered type in scope {scope!r}: '
-                                f'{hint}')
+                    'check the spelling, or add the package that registers it to custom_imports'
+                )
+                problems.append(
+                    f'{key}={name!r} is not a registered type in scope {scope!r}: {hint}'
+                )
     return problems
 
 
@@ -143,20 +148,21 @@ def build_backbone(cfg: Config) -> Optional[nn.Module]:
         try:
             return registry.build(backbone)
         except (ConfigError, TypeError) as err:
-            raise ConfigError(f"model.backbone ({backbone['type']}): {err}") from None
+            raise ConfigError(f'model.backbone ({backbone["type"]}): {err}') from None
 
 
 def _checkpoint_weights(path: str) -> dict:
     """The weights of a model checkpoint (any layout :data:`~mmrepa.checkpoint.loading.
     WEIGHT_KEYS` lists), read without running its code and without a log line."""
-    from .checkpoint import load_checkpoint_file
-    from .checkpoint.loading import WEIGHT_KEYS
+    from ...checkpoint import load_checkpoint_file
+    from ...checkpoint.loading import WEIGHT_KEYS
+
     ckpt = load_checkpoint_file(path)
     if isinstance(ckpt, dict):
         ckpt = next((ckpt[k] for k in WEIGHT_KEYS if isinstance(ckpt.get(k), dict)), ckpt)
     if not isinstance(ckpt, dict):
         raise CheckpointError(f'{path} holds a {type(ckpt).__name__}, not a checkpoint dict')
-    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in ckpt.items()}
+    return {k[len('module.') :] if k.startswith('module.') else k: v for k, v in ckpt.items()}
 
 
 def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
@@ -165,6 +171,7 @@ def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
     run: shapes, folded or not, layouts); raises :class:`CheckpointError` for a checkpoint of
     another model. ``where``: the option it comes from, for the message."""
     from mmengine.runner.checkpoint import load_state_dict
+
     state = _checkpoint_weights(path)
     own = {k: v for k, v in state.items() if k.startswith('backbone.')}
     model = nn.ModuleDict(dict(backbone=backbone))  # the messages name 'backbone.<key>'
@@ -173,19 +180,20 @@ def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
         raise CheckpointError(
             f'{path} ({where}) holds no weights of this {type(backbone).__name__} backbone '
             f'(its top-level names: {", ".join(found) or "none"}): give a checkpoint of this '
-            "config's model, as tools/train.py saves it")
+            "config's model, as tools/train.py saves it"
+        )
     try:
         load_state_dict(model, own, strict=False, logger='silent')
     except CheckpointError as err:
         raise CheckpointError(f'{path} ({where}): {err}') from None
 
 
-def check_model(cfg: Config, checkpoints: Iterable[Tuple[str, str, Optional[str]]] = ()
-                ) -> None:
+def check_model(cfg: Config, checkpoints: Iterable[Tuple[str, str, Optional[str]]] = ()) -> None:
     """:func:`check_types`, :func:`build_backbone` and, for each local ``(what, where it comes
     from, path)`` of ``checkpoints`` (whole-model checkpoints: ``load_from``, a tool's
     CHECKPOINT), :func:`check_checkpoint_fit`. Raises on the first problem."""
-    from .tool_inputs import is_remote
+    from .inputs import is_remote
+
     check_types(cfg)
     backbone = build_backbone(cfg)
     for _, where, path in checkpoints:
@@ -203,6 +211,7 @@ TRACEBACK_HINT = '(mmrepa shortened this error; MMREPA_TRACEBACK=1 shows the tra
 def _runner_config(tb) -> Optional[Config]:
     """The config of the mmengine Runner whose method raised, if one did."""
     from mmengine.runner import Runner
+
     for frame, _ in traceback.walk_tb(tb):
         runner = frame.f_locals.get('self')
         if isinstance(runner, Runner) and isinstance(getattr(runner, 'cfg', None), Config):
@@ -214,7 +223,8 @@ def _data_problems(err: BaseException, cfg: Config) -> List[str]:
     """The data problems of ``cfg`` that caused ``err``: missing files the error names, or a
     class filter that left a data set empty (mmdet: "need at least one array to
     concatenate")."""
-    from .tool_inputs import class_filter_problems, find_missing_inputs
+    from .inputs import class_filter_problems, find_missing_inputs
+
     splits = ('train', 'val', 'test')
     if isinstance(err, FileNotFoundError):
         missing = find_missing_inputs(cfg, splits=splits, pretrained=True)
@@ -245,8 +255,11 @@ def _unregistered(message: str, cfg: Optional[Config]) -> Optional[str]:
     lines = [line for line in unknown_types(cfg) if f'={name!r}' in line] if cfg else []
     if lines:  # a model type: the line names the option
         return '\n'.join(lines)
-    registries = [r for r in vars(importlib.import_module(f'{scope}.registry')).values()
-                  if isinstance(r, Registry) and r.scope == scope and r.name == kind]
+    registries = [
+        r
+        for r in vars(importlib.import_module(f'{scope}.registry')).values()
+        if isinstance(r, Registry) and r.scope == scope and r.name == kind
+    ]
     hint = did_you_mean(name, registries) or 'is its package in custom_imports?'
     return f'{name!r} is not registered in the {scope} {kind} registry: {hint}'
 

@@ -3,9 +3,10 @@
 A newcomer's first run usually lacks the data set or the ImageNet weights; without this check it
 ends in a long traceback from deep inside pycocotools or the checkpoint loader, after the model
 and the data loaders were built. ``check_inputs`` names every missing path at once instead, then
-checks the model (:func:`mmrepa.config_checks.check_model`) and the class filter of COCO-format
-data sets (:func:`class_filter_problems`).
+checks the model (:func:`mmrepa.integrations.cli.config_checks.check_model`) and the class
+filter of COCO-format data sets (:func:`class_filter_problems`).
 """
+
 import difflib
 import json
 import os.path as osp
@@ -17,20 +18,24 @@ from mmengine.config import Config
 from mmengine.fileio import join_path
 from mmengine.utils import is_abs
 
-from .errors import ConfigError, InputError
+from ...errors import ConfigError, InputError
 
 README_SECTION = 'README.md "Data and checkpoints"'
 
 # URLs and mmengine's checkpoint shorthands (open-mmlab://, torchvision://, mmcls://, s3://, ...)
 _REMOTE = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*://')
 
-_PREFIX_NAMES = {'img': 'image directory', 'img_path': 'image directory',
-                 'seg': 'segmentation map directory',
-                 'seg_map_path': 'segmentation map directory'}
+_PREFIX_NAMES = {
+    'img': 'image directory',
+    'img_path': 'image directory',
+    'seg': 'segmentation map directory',
+    'seg_map_path': 'segmentation map directory',
+}
 
 
 class MissingInput(NamedTuple):
     """A path a tool needs that does not exist."""
+
     what: str  # e.g. 'train annotation file'
     key: str  # where it comes from, e.g. 'train_dataloader.dataset.ann_file'
     path: str
@@ -80,8 +85,12 @@ def _evaluator_paths(evaluator, key: str, split: str) -> Iterator[Tuple[str, str
     """Annotation files that metrics read when they are built (e.g. mmdet's CocoMetric)."""
     metrics = evaluator if isinstance(evaluator, (list, tuple)) else [evaluator]
     for i, metric in enumerate(metrics):
-        if isinstance(metric, dict) and isinstance(metric.get('ann_file'), str) \
-                and metric['ann_file'] and not metric.get('backend_args'):
+        if (
+            isinstance(metric, dict)
+            and isinstance(metric.get('ann_file'), str)
+            and metric['ann_file']
+            and not metric.get('backend_args')
+        ):
             sub = key if isinstance(evaluator, dict) else f'{key}.{i}'
             yield f'{split} evaluator annotation file', f'{sub}.ann_file', metric['ann_file']
 
@@ -90,8 +99,11 @@ def _pretrained_paths(node, key: str) -> Iterator[Tuple[str, str, str]]:
     """``init_cfg=dict(type='Pretrained', checkpoint=...)`` anywhere in the model config."""
     if isinstance(node, dict):
         kind = node.get('type')
-        if isinstance(kind, str) and kind.split('.')[-1] == 'Pretrained' \
-                and isinstance(node.get('checkpoint'), str):
+        if (
+            isinstance(kind, str)
+            and kind.split('.')[-1] == 'Pretrained'
+            and isinstance(node.get('checkpoint'), str)
+        ):
             parts = key.split('.')
             owner = parts[1] if len(parts) > 2 and parts[1] != 'init_cfg' else 'model'
             yield f'{owner} pretrained checkpoint', f'{key}.checkpoint', node['checkpoint']
@@ -123,6 +135,7 @@ def _coco_datasets(ds, key: str) -> Iterator[Tuple[str, dict]]:
     try:
         from mmdet.datasets import CocoDataset
         from mmdet.registry import DATASETS
+
         cls = DATASETS.get(ds.get('type') or '')
     except Exception:  # noqa: BLE001  a type mmdet lacks: the build will say so
         return
@@ -137,7 +150,7 @@ def _category_names(path: str) -> Optional[List[str]]:
         data = f.read()
     start = data.rfind(b'"categories"')
     try:
-        text = data[data.index(b':', start) + 1:].decode('utf-8').lstrip()
+        text = data[data.index(b':', start) + 1 :].decode('utf-8').lstrip()
         categories, _ = json.JSONDecoder().raw_decode(text)
         return [c['name'] for c in categories]
     except (ValueError, TypeError, KeyError):  # no such key, or not at the top level
@@ -145,27 +158,35 @@ def _category_names(path: str) -> Optional[List[str]]:
         return [c['name'] for c in categories] if isinstance(categories, list) else None
 
 
-def _class_problem(classes: Sequence[str], names: List[str], key: str, path: str
-                   ) -> Optional[str]:
+def _class_problem(classes: Sequence[str], names: List[str], key: str, path: str) -> Optional[str]:
     """mmdet's CocoDataset keeps the file's categories named in ``classes`` and numbers them
     in the file's order: absent names empty the data set or shift the labels, another order
     swaps the names of the labels."""
     absent = [c for c in classes if c not in names]
     option = f'{key}.metainfo.classes'
     if len(absent) == len(classes):
-        return (f'{option} {tuple(classes)} names none of the {len(names)} categories of '
-                f'{path} ({", ".join(names[:12])}): the data set would be empty; use names '
-                'from the annotation file')
+        return (
+            f'{option} {tuple(classes)} names none of the {len(names)} categories of '
+            f'{path} ({", ".join(names[:12])}): the data set would be empty; use names '
+            'from the annotation file'
+        )
     if absent:
-        hints = [f'{c!r} -> {difflib.get_close_matches(c, names, n=1)[0]!r}' for c in absent
-                 if difflib.get_close_matches(c, names, n=1)]
-        return (f'{option}: {", ".join(map(repr, absent))} not among the categories of {path}, '
-                'so the labels after it would shift' + (f' (did you mean {", ".join(hints)}?)'
-                                                         if hints else ''))
+        hints = [
+            f'{c!r} -> {difflib.get_close_matches(c, names, n=1)[0]!r}'
+            for c in absent
+            if difflib.get_close_matches(c, names, n=1)
+        ]
+        return (
+            f'{option}: {", ".join(map(repr, absent))} not among the categories of {path}, '
+            'so the labels after it would shift'
+            + (f' (did you mean {", ".join(hints)}?)' if hints else '')
+        )
     kept = [n for n in names if n in classes]
     if kept != list(classes):
-        return (f'{option}: mmdet numbers the labels in the annotation file\'s order, so the '
-                f'names would be swapped: give them as {tuple(kept)}')
+        return (
+            f"{option}: mmdet numbers the labels in the annotation file's order, so the "
+            f'names would be swapped: give them as {tuple(kept)}'
+        )
     return None
 
 
@@ -179,8 +200,14 @@ def class_filter_problems(cfg: Config, splits: Sequence[str]) -> List[str]:
         root = cfg[f'{split}_dataloader'].get('dataset')
         for key, ds in _coco_datasets(root, f'{split}_dataloader.dataset'):
             classes = (ds.get('metainfo') or {}).get('classes')
-            path = next((p for what, _, p in _dataset_paths(ds, key, split)
-                         if what.endswith('annotation file')), None)
+            path = next(
+                (
+                    p
+                    for what, _, p in _dataset_paths(ds, key, split)
+                    if what.endswith('annotation file')
+                ),
+                None,
+            )
             if not classes or not path or not osp.isfile(path):
                 continue
             names = _category_names(path)
@@ -197,23 +224,26 @@ def _split_configured(cfg: Config, split: str) -> bool:
     return split != 'val' or (bool(cfg.get('val_cfg')) and cfg.get('val_evaluator') is not None)
 
 
-def _config_paths(cfg: Config, splits: Sequence[str], pretrained: bool
-                  ) -> Iterator[Tuple[str, str, str]]:
+def _config_paths(
+    cfg: Config, splits: Sequence[str], pretrained: bool
+) -> Iterator[Tuple[str, str, str]]:
     """(what, key, path) of the local paths the config makes a tool read: see
     :func:`find_missing_inputs`."""
     for split in splits:
         if not _split_configured(cfg, split):
             continue
-        yield from _dataset_paths(cfg[f'{split}_dataloader'].get('dataset'),
-                                  f'{split}_dataloader.dataset', split)
+        yield from _dataset_paths(
+            cfg[f'{split}_dataloader'].get('dataset'), f'{split}_dataloader.dataset', split
+        )
         yield from _evaluator_paths(cfg.get(f'{split}_evaluator'), f'{split}_evaluator', split)
     if pretrained:
         yield from _pretrained_paths(cfg.get('model'), 'model')
     yield from _scales_paths(cfg.get('model'))  # read when the model is built
 
 
-def config_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: bool = False
-                  ) -> List[Tuple[str, str]]:
+def config_inputs(
+    cfg: Config, splits: Sequence[str] = (), pretrained: bool = False
+) -> List[Tuple[str, str]]:
     """``(what, path)`` of the config file and of the local files and folders it makes a tool
     read (the data of ``splits``, the backbone's ``scales`` file, with ``pretrained`` the
     ``Pretrained`` checkpoints; as :func:`find_missing_inputs` lists them): the inputs no
@@ -225,9 +255,12 @@ def config_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: bool = Fa
     return found
 
 
-def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: bool = False,
-                        checkpoints: Iterable[Tuple[str, str, Optional[str]]] = ()
-                        ) -> List[MissingInput]:
+def find_missing_inputs(
+    cfg: Config,
+    splits: Sequence[str] = (),
+    pretrained: bool = False,
+    checkpoints: Iterable[Tuple[str, str, Optional[str]]] = (),
+) -> List[MissingInput]:
     """The local paths a tool will read that do not exist, each once, in config order.
 
     Args:
@@ -256,7 +289,8 @@ def find_missing_inputs(cfg: Config, splits: Sequence[str] = (), pretrained: boo
 
 def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
     """:func:`find_missing_inputs`; if anything is missing, raise with one line per path. Then
-    :func:`class_filter_problems` and :func:`mmrepa.config_checks.check_model` (the backbone
+    :func:`class_filter_problems` and
+    :func:`mmrepa.integrations.cli.config_checks.check_model` (the backbone
     built alone, ``checkpoints`` loaded into it): what the Runner would otherwise find after
     printing its environment and config.
 
@@ -269,13 +303,16 @@ def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
     missing = find_missing_inputs(cfg, **kwargs)
     if missing:
         count = '1 input' if len(missing) == 1 else f'{len(missing)} inputs'
-        header = (f'{tool}: {count} of {cfg.filename} missing, nothing was built (point to '
-                  'another path with --cfg-options KEY=PATH):')
+        header = (
+            f'{tool}: {count} of {cfg.filename} missing, nothing was built (point to '
+            'another path with --cfg-options KEY=PATH):'
+        )
         raise InputError('\n'.join([header] + [str(m) for m in missing]))
     problems = class_filter_problems(cfg, kwargs.get('splits', ()))
     if problems:
         raise ConfigError('\n'.join(problems))
     from .config_checks import check_model
+
     check_model(cfg, kwargs.get('checkpoints', ()))
 
 
@@ -284,12 +321,14 @@ def read_image(tool: str, path: str):
     :class:`~mmrepa.errors.InputError` naming it, which stops the tool with one line before the
     model is built (cv2 would fail later, deep in the test pipeline, with a traceback)."""
     import mmcv
+
     try:
         image = mmcv.imread(path)
     except OSError as err:  # missing, a directory, unreadable
         why = 'no such file' if isinstance(err, FileNotFoundError) else err.strerror or err
         raise InputError(f'{tool}: cannot read image {path}: {why}') from None
     if image is None:
-        raise InputError(f'{tool}: cannot read image {path}: not an image file (cv2/mmcv '
-                         'could not decode it)')
+        raise InputError(
+            f'{tool}: cannot read image {path}: not an image file (cv2/mmcv could not decode it)'
+        )
     return mmcv.bgr2rgb(image)

@@ -33,6 +33,7 @@ A loader whose data is not found under DIR keeps the config's paths, now under D
 tool's input check names what is missing. Apply ``--cfg-options`` first: the file names it sets
 are searched for under DIR.
 """
+
 import collections
 import copy
 import glob
@@ -44,7 +45,7 @@ from typing import Iterator, List, Optional, Sequence
 
 from mmengine.config import Config
 
-from .errors import ConfigError
+from ...errors import ConfigError
 
 LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
@@ -59,11 +60,14 @@ def use_own_data(cfg: Config, data_root: str, classes: Optional[Sequence[str]] =
     if not osp.isdir(data_root):
         raise FileNotFoundError(f'--data-root {data_root}: no such directory')
     scope = cfg.get('default_scope')
-    rewrite = {'mmdet': _detection, 'mmseg': _segmentation,
-               'mmpretrain': _classification}.get(scope)
+    rewrite = {'mmdet': _detection, 'mmseg': _segmentation, 'mmpretrain': _classification}.get(
+        scope
+    )
     if rewrite is None:
-        raise ConfigError(f'--data-root: config {cfg.filename} has default_scope {scope!r}; '
-                          'it knows mmdet, mmseg and mmpretrain configs')
+        raise ConfigError(
+            f'--data-root: config {cfg.filename} has default_scope {scope!r}; '
+            'it knows mmdet, mmseg and mmpretrain configs'
+        )
     classes = [c.strip() for c in classes if c.strip()] if classes else None
     root = osp.join(data_root, '')  # mmengine joins data_root and the prefixes as strings
     for name in LOADERS:  # test_dataloader = val_dataloader in a config is one object
@@ -76,11 +80,16 @@ def use_own_data(cfg: Config, data_root: str, classes: Optional[Sequence[str]] =
         cfg.metainfo = dict(classes=tuple(names), palette=palette(len(names)))
     heads = set_num_classes(cfg, len(names))
     listed = ', '.join(names[:8]) + (f', ... ({len(names)})' if len(names) > 8 else '')
-    return (f'--data-root {data_root}: {len(names)} classes ({listed}); '
-            + '; '.join(found) + f'; num_classes={len(names)} in ' + ', '.join(heads))
+    return (
+        f'--data-root {data_root}: {len(names)} classes ({listed}); '
+        + '; '.join(found)
+        + f'; num_classes={len(names)} in '
+        + ', '.join(heads)
+    )
 
 
 # ---------------------------------------------------------------------------------- helpers
+
 
 def leaf_datasets(dataset) -> Iterator[dict]:
     """The data set configs that read files, inside RepeatDataset / ClassBalancedDataset /
@@ -107,7 +116,7 @@ def _loaders(cfg: Config) -> Iterator[tuple]:
 
 
 def _splits(split: str) -> tuple:
-    return ('test', 'val') if split == 'test' else (split, )
+    return ('test', 'val') if split == 'test' else (split,)
 
 
 def _first_existing(root: str, candidates, what: str, loader: str) -> Optional[str]:
@@ -119,8 +128,10 @@ def _first_existing(root: str, candidates, what: str, loader: str) -> Optional[s
         matches = sorted(glob.glob(osp.join(root, candidate)))
         if len(matches) > 1:
             found = ', '.join(osp.relpath(m, root) for m in matches)
-            raise ConfigError(f'--data-root {root}: several {what}s for {loader} ({found}): name '
-                              f'one with --cfg-options {loader}.dataset.ann_file=FILE')
+            raise ConfigError(
+                f'--data-root {root}: several {what}s for {loader} ({found}): name '
+                f'one with --cfg-options {loader}.dataset.ann_file=FILE'
+            )
         if matches:
             return osp.relpath(matches[0], root)
     return None
@@ -128,7 +139,8 @@ def _first_existing(root: str, candidates, what: str, loader: str) -> Optional[s
 
 def palette(n: int) -> list:
     """Colours for ``n`` new classes (the tools' fixed random palette)."""
-    from .apis import _random_palette
+    from ...apis import _random_palette
+
     return [tuple(c) for c in _random_palette(n)]  # mmdet draws tuples only
 
 
@@ -155,25 +167,31 @@ def set_num_classes(cfg: Config, n: int) -> List[str]:
     visit(cfg.get('model'), 'model')
     visit(cfg.get('data_preprocessor'), 'data_preprocessor')
     if not changed:
-        raise ConfigError(f'--data-root: config {cfg.filename} has no num_classes in its model '
-                          'to set')
+        raise ConfigError(
+            f'--data-root: config {cfg.filename} has no num_classes in its model to set'
+        )
     return changed
 
 
 def _registered_defaults(scope: str, dataset_type: str) -> dict:
     """The keyword defaults of a registered data set class (``{}`` if it is not found)."""
     import importlib
+
     try:
         cls = importlib.import_module(f'{scope}.registry').DATASETS.get(dataset_type)
     except Exception:  # noqa: BLE001  a scope or type that is not there
         cls = None
     if cls is None:
         return {}
-    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+    return {
+        k: p.default
+        for k, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
 # ------------------------------------------------------------------------------ detection
+
 
 def _read_coco(path: str) -> dict:
     try:
@@ -182,8 +200,9 @@ def _read_coco(path: str) -> dict:
     except (OSError, ValueError) as err:
         raise ConfigError(f'--data-root: cannot read {path} as COCO-format JSON: {err}') from None
     if not isinstance(coco, dict) or not coco.get('categories') or not coco.get('images'):
-        raise ConfigError(f'--data-root: {path} is not a COCO-format annotation file with '
-                          'images and categories')
+        raise ConfigError(
+            f'--data-root: {path} is not a COCO-format annotation file with images and categories'
+        )
     return coco
 
 
@@ -191,15 +210,18 @@ def _image_prefix(root: str, ann_file: str, split: str, configured, coco: dict) 
     """The folder (relative to ``root``) holding the first image of ``coco``."""
     first = coco['images'][0]['file_name']
     stem = osp.splitext(osp.basename(ann_file))[0]
-    stem = stem[len('instances_'):] if stem.startswith('instances_') else stem
+    stem = stem[len('instances_') :] if stem.startswith('instances_') else stem
     candidates = [configured, f'{stem}/', f'{split}/', f'images/{split}/', 'images/', '']
     for prefix in candidates:
         if isinstance(prefix, str) and osp.isfile(osp.join(root, prefix, first)):
             return prefix
-    looked = ', '.join(osp.join(root, p) for p in dict.fromkeys(
-        p for p in candidates if isinstance(p, str)))
-    raise ConfigError(f'--data-root: the images of {osp.join(root, ann_file)} were not found: '
-                      f'looked for {first} in {looked}')
+    looked = ', '.join(
+        osp.join(root, p) for p in dict.fromkeys(p for p in candidates if isinstance(p, str))
+    )
+    raise ConfigError(
+        f'--data-root: the images of {osp.join(root, ann_file)} were not found: '
+        f'looked for {first} in {looked}'
+    )
 
 
 def _detection(cfg: Config, root: str, classes):
@@ -208,8 +230,10 @@ def _detection(cfg: Config, root: str, classes):
         files = []
         for leaf in leaves:
             if not str(leaf.get('ann_file', '')).endswith('.json'):
-                raise ConfigError(f'--data-root reads COCO-format data; {loader} uses '
-                                  f"{leaf.get('type')} with ann_file={leaf.get('ann_file')!r}")
+                raise ConfigError(
+                    f'--data-root reads COCO-format data; {loader} uses '
+                    f'{leaf.get("type")} with ann_file={leaf.get("ann_file")!r}'
+                )
             candidates = [leaf.get('ann_file') if not osp.isabs(leaf['ann_file']) else None]
             for s in _splits(split):
                 candidates += [f'annotations/{s}.json', f'annotations/instances_{s}*.json']
@@ -218,15 +242,18 @@ def _detection(cfg: Config, root: str, classes):
             if ann_file is None:
                 continue
             if ann_file in files:
-                raise ConfigError(f'--data-root: {loader} has {len(leaves)} data sets and '
-                                  f'{ann_file} would serve two of them: give each its file '
-                                  f'with --cfg-options {loader}.dataset...ann_file=FILE')
+                raise ConfigError(
+                    f'--data-root: {loader} has {len(leaves)} data sets and '
+                    f'{ann_file} would serve two of them: give each its file '
+                    f'with --cfg-options {loader}.dataset...ann_file=FILE'
+                )
             files.append(ann_file)
             coco = _read_coco(osp.join(root, ann_file))
             names = names or _coco_classes(coco, classes, osp.join(root, ann_file))
             _check_coco(coco, names, osp.join(root, ann_file), split, classes is not None)
-            prefix = _image_prefix(root, ann_file, split,
-                                   (leaf.get('data_prefix') or {}).get('img'), coco)
+            prefix = _image_prefix(
+                root, ann_file, split, (leaf.get('data_prefix') or {}).get('img'), coco
+            )
             leaf['ann_file'] = ann_file
             leaf['data_prefix'] = dict(leaf.get('data_prefix') or {}, img=prefix)
         if files:
@@ -235,9 +262,11 @@ def _detection(cfg: Config, root: str, classes):
         else:
             found.append(f'{split}: not found')
     if names is None:
-        raise ConfigError(f'--data-root: no COCO-format annotations in {root}: expected the '
-                          "config's ann_file, annotations/{train,val}.json or "
-                          'annotations/instances_{train,val}*.json under it')
+        raise ConfigError(
+            f'--data-root: no COCO-format annotations in {root}: expected the '
+            "config's ann_file, annotations/{train,val}.json or "
+            'annotations/instances_{train,val}*.json under it'
+        )
     meta = dict(classes=tuple(names), palette=palette(len(names)))
     for _, _, leaves in _loaders(cfg):
         for leaf in leaves:
@@ -257,13 +286,16 @@ def _coco_classes(coco: dict, classes, path: str) -> List[str]:
     names = [c['name'] for c in coco['categories']]
     duplicated = sorted(n for n, k in collections.Counter(names).items() if k > 1)
     if duplicated:
-        raise ConfigError(f'--data-root: {path} names several categories '
-                          f'{", ".join(duplicated)}: mmdet tells classes apart by name')
+        raise ConfigError(
+            f'--data-root: {path} names several categories '
+            f'{", ".join(duplicated)}: mmdet tells classes apart by name'
+        )
     if classes:
         unknown = [c for c in classes if c not in names]
         if unknown:
-            raise ConfigError(f'--classes {", ".join(unknown)}: not a category of {path} '
-                              f'({", ".join(names)})')
+            raise ConfigError(
+                f'--classes {", ".join(unknown)}: not a category of {path} ({", ".join(names)})'
+            )
         names = [n for n in names if n in classes]  # mmdet numbers them in the file's order
     return names
 
@@ -276,23 +308,30 @@ def _check_coco(coco: dict, names, path: str, split: str, selected: bool) -> Non
     if not selected:
         extra = sorted(set(ids.values()) - set(names))
         if extra:
-            raise ConfigError(f'--data-root: {path} has categories the training annotations '
-                              f'have not ({", ".join(extra)}); the model could not predict them')
+            raise ConfigError(
+                f'--data-root: {path} has categories the training annotations '
+                f'have not ({", ".join(extra)}); the model could not predict them'
+            )
     if split == 'train':
         kept = {i for i, n in ids.items() if n in names}
         if not any(a.get('category_id') in kept for a in coco.get('annotations') or ()):
-            raise ConfigError(f'--data-root: {path} has no object of the classes '
-                              f'{", ".join(names)}: nothing to train on')
+            raise ConfigError(
+                f'--data-root: {path} has no object of the classes '
+                f'{", ".join(names)}: nothing to train on'
+            )
 
 
 # --------------------------------------------------------------------------- segmentation
 
-ADE_SPLITS = {'train': ('training', ), 'val': ('validation', ), 'test': ('testing', 'validation')}
+ADE_SPLITS = {'train': ('training',), 'val': ('validation',), 'test': ('testing', 'validation')}
 
 
 def _files(folder: str) -> List[str]:
-    return sorted(f for f in os.listdir(folder) if osp.isfile(osp.join(folder, f))) \
-        if osp.isdir(folder) else []
+    return (
+        sorted(f for f in os.listdir(folder) if osp.isfile(osp.join(folder, f)))
+        if osp.isdir(folder)
+        else []
+    )
 
 
 def _segmentation_classes(root: str, classes) -> List[str]:
@@ -300,9 +339,11 @@ def _segmentation_classes(root: str, classes) -> List[str]:
         return list(classes)
     path = osp.join(root, CLASSES_FILE)
     if not osp.isfile(path):
-        raise ConfigError(f'--data-root: segmentation label maps hold no class names: pass '
-                          f'--classes a,b,c or write {path} (one name a line, the class of '
-                          'label value 1 first for ADE20K-style maps, where 0 is ignored)')
+        raise ConfigError(
+            f'--data-root: segmentation label maps hold no class names: pass '
+            f'--classes a,b,c or write {path} (one name a line, the class of '
+            'label value 1 first for ADE20K-style maps, where 0 is ignored)'
+        )
     with open(path) as f:
         names = [line.strip() for line in f if line.strip()]
     if not names:
@@ -314,73 +355,111 @@ def _suffix(files: Sequence[str], configured: str, path: str) -> str:
     """``configured`` if some file ends with it, else the most common image extension."""
     if any(f.endswith(configured) for f in files):
         return configured
-    found = collections.Counter(osp.splitext(f)[1].lower() for f in files
-                                if osp.splitext(f)[1].lower() in IMAGE_EXTENSIONS)
+    found = collections.Counter(
+        osp.splitext(f)[1].lower() for f in files if osp.splitext(f)[1].lower() in IMAGE_EXTENSIONS
+    )
     if not found:
         raise ConfigError(f'--data-root: no image in {path}')
     ext = found.most_common(1)[0][0]
     return next(osp.splitext(f)[1] for f in files if osp.splitext(f)[1].lower() == ext)
 
 
-def _check_labels(folder: str, files: Sequence[str], n: int, reduce_zero_label: bool,
-                  ignore_index: int) -> None:
+def _check_labels(
+    folder: str, files: Sequence[str], n: int, reduce_zero_label: bool, ignore_index: int
+) -> None:
     """Refuse label maps with values past the classes (a class list too short), on a sample."""
     import numpy as np
     from PIL import Image
+
     top = n if reduce_zero_label else n - 1
     for name in files[:20]:
         values = np.unique(np.asarray(Image.open(osp.join(folder, name))))
         values = values[values != ignore_index]
         if values.size and int(values.max()) > top:
-            rule = ('value k is class k-1, 0 is ignored' if reduce_zero_label
-                    else 'value k is class k')
-            raise ConfigError(f'--data-root: {osp.join(folder, name)} has label value '
-                              f'{int(values.max())} but {n} classes were given ({rule}, '
-                              f'{ignore_index} is ignored): name them all')
+            rule = (
+                'value k is class k-1, 0 is ignored' if reduce_zero_label else 'value k is class k'
+            )
+            raise ConfigError(
+                f'--data-root: {osp.join(folder, name)} has label value '
+                f'{int(values.max())} but {n} classes were given ({rule}, '
+                f'{ignore_index} is ignored): name them all'
+            )
 
 
 def _segmentation(cfg: Config, root: str, classes):
     names = _segmentation_classes(root, classes)
     found, checked = [], False
-    for loader, split, leaves in _loaders(cfg):
+    for _loader, split, leaves in _loaders(cfg):
         for leaf in leaves:
             defaults = _registered_defaults('mmseg', leaf.get('type', ''))
-            settings = {k: leaf.get(k, defaults.get(k, fallback)) for k, fallback in (
-                ('img_suffix', '.jpg'), ('seg_map_suffix', '.png'),
-                ('reduce_zero_label', False), ('ignore_index', 255))}
+            settings = {
+                k: leaf.get(k, defaults.get(k, fallback))
+                for k, fallback in (
+                    ('img_suffix', '.jpg'),
+                    ('seg_map_suffix', '.png'),
+                    ('reduce_zero_label', False),
+                    ('ignore_index', 255),
+                )
+            }
             configured = dict(leaf.get('data_prefix') or {})
             candidates = [(configured.get('img_path'), configured.get('seg_map_path'))]
             candidates += [(f'images/{s}', f'annotations/{s}') for s in ADE_SPLITS[split]]
-            pair = next(((i, a) for i, a in candidates if isinstance(i, str)
-                         and isinstance(a, str) and _files(osp.join(root, i))
-                         and _files(osp.join(root, a))), None)
-            leaf.update(type='BaseSegDataset', data_root=root,
-                        metainfo=dict(classes=tuple(names), palette=palette(len(names))),
-                        reduce_zero_label=settings['reduce_zero_label'])
+            pair = next(
+                (
+                    (i, a)
+                    for i, a in candidates
+                    if isinstance(i, str)
+                    and isinstance(a, str)
+                    and _files(osp.join(root, i))
+                    and _files(osp.join(root, a))
+                ),
+                None,
+            )
+            leaf.update(
+                type='BaseSegDataset',
+                data_root=root,
+                metainfo=dict(classes=tuple(names), palette=palette(len(names))),
+                reduce_zero_label=settings['reduce_zero_label'],
+            )
             if pair is None:
                 found.append(f'{split}: not found')
                 continue
             images, labels = (_files(osp.join(root, p)) for p in pair)
-            settings['img_suffix'] = _suffix(images, settings['img_suffix'],
-                                             osp.join(root, pair[0]))
+            settings['img_suffix'] = _suffix(
+                images, settings['img_suffix'], osp.join(root, pair[0])
+            )
             if not any(f.endswith(settings['seg_map_suffix']) for f in labels):
-                raise ConfigError(f'--data-root: no label map ending in '
-                                  f"{settings['seg_map_suffix']} in {osp.join(root, pair[1])}")
+                raise ConfigError(
+                    f'--data-root: no label map ending in '
+                    f'{settings["seg_map_suffix"]} in {osp.join(root, pair[1])}'
+                )
             if not checked:
-                _check_labels(osp.join(root, pair[1]), [
-                    f for f in labels if f.endswith(settings['seg_map_suffix'])], len(names),
-                    settings['reduce_zero_label'], settings['ignore_index'])
+                _check_labels(
+                    osp.join(root, pair[1]),
+                    [f for f in labels if f.endswith(settings['seg_map_suffix'])],
+                    len(names),
+                    settings['reduce_zero_label'],
+                    settings['ignore_index'],
+                )
                 checked = True
-            leaf.update(settings, data_prefix=dict(configured, img_path=pair[0],
-                                                   seg_map_path=pair[1]))
+            leaf.update(
+                settings, data_prefix=dict(configured, img_path=pair[0], seg_map_path=pair[1])
+            )
             found.append(f'{split}: {pair[0]} + {pair[1]}')
     return found, names
 
 
 # ------------------------------------------------------------------------- classification
 
-CUSTOM_DATASET_KEYS = ('pipeline', 'test_mode', 'serialize_data', 'lazy_init', 'max_refetch',
-                       'indices', 'backend_args')
+CUSTOM_DATASET_KEYS = (
+    'pipeline',
+    'test_mode',
+    'serialize_data',
+    'lazy_init',
+    'max_refetch',
+    'indices',
+    'backend_args',
+)
 
 
 def _class_folders(path: str) -> List[str]:
@@ -389,15 +468,24 @@ def _class_folders(path: str) -> List[str]:
 
 def _classification(cfg: Config, root: str, classes):
     if classes:
-        raise ConfigError('--classes: classification data names its classes by its folders '
-                          '(DIR/train/CLASS/...)')
+        raise ConfigError(
+            '--classes: classification data names its classes by its folders (DIR/train/CLASS/...)'
+        )
     names, found = None, []
     for loader, split, leaves in _loaders(cfg):
         configured = [leaf.get('data_prefix') for leaf in leaves]
         configured = [p.get('img_path') if isinstance(p, dict) else p for p in configured]
-        folder = next((f for f in [*configured, *_splits(split)]
-                       if isinstance(f, str) and f and osp.isdir(osp.join(root, f))
-                       and _class_folders(osp.join(root, f))), None)
+        folder = next(
+            (
+                f
+                for f in [*configured, *_splits(split)]
+                if isinstance(f, str)
+                and f
+                and osp.isdir(osp.join(root, f))
+                and _class_folders(osp.join(root, f))
+            ),
+            None,
+        )
         if folder is None:
             found.append(f'{split}: not found')
             folders = None
@@ -414,25 +502,32 @@ def _classification(cfg: Config, root: str, classes):
                     f'{"; " if missing and extra else ""}'
                     f'{"extra " + ", ".join(extra) if extra else ""}): labels follow the sorted '
                     'folder names, so every split needs the same folders (an empty one is '
-                    'enough)')
+                    'enough)'
+                )
             found.append(f'{split}: {folder}/')
-        new = dict(type='CustomDataset', data_root=root, ann_file='',
-                   data_prefix=folder or (configured[0] if isinstance(configured[0], str)
-                                          else split),
-                   with_label=True)
+        new = dict(
+            type='CustomDataset',
+            data_root=root,
+            ann_file='',
+            data_prefix=folder or (configured[0] if isinstance(configured[0], str) else split),
+            with_label=True,
+        )
         old = leaves[0]
         new.update({k: old[k] for k in CUSTOM_DATASET_KEYS if k in old})
         pipeline = list(new.get('pipeline') or [])
-        if not any(isinstance(t, dict) and str(t.get('type', '')).startswith('LoadImage')
-                   for t in pipeline):
+        if not any(
+            isinstance(t, dict) and str(t.get('type', '')).startswith('LoadImage') for t in pipeline
+        ):
             pipeline.insert(0, dict(type='LoadImageFromFile'))  # CIFAR's pipelines get arrays
         new['pipeline'] = pipeline
         if folders:
             new['metainfo'] = dict(classes=tuple(folders))
         cfg[loader]['dataset'] = new  # a wrapper of several data sets becomes one folder
     if names is None:
-        raise ConfigError(f'--data-root: no class folders in {root}: expected '
-                          'train/CLASS/IMAGE and val/CLASS/IMAGE under it')
+        raise ConfigError(
+            f'--data-root: no class folders in {root}: expected '
+            'train/CLASS/IMAGE and val/CLASS/IMAGE under it'
+        )
     n = len(names)
     for key in ('val_evaluator', 'test_evaluator'):
         evaluator = cfg.get(key)
@@ -445,5 +540,5 @@ def _classification(cfg: Config, root: str, classes):
 def _clip_topk(node, n: int) -> None:
     """Top-k accuracies for k up to the number of classes only (top-5 of 3 classes fails)."""
     if isinstance(node, dict) and node.get('topk') is not None:
-        topk = node['topk'] if isinstance(node['topk'], (list, tuple)) else (node['topk'], )
-        node['topk'] = tuple(k for k in topk if k <= n) or (1, )
+        topk = node['topk'] if isinstance(node['topk'], (list, tuple)) else (node['topk'],)
+        node['topk'] = tuple(k for k in topk if k <= n) or (1,)

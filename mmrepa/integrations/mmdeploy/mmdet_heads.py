@@ -35,8 +35,9 @@ to mmdeploy's ``pre_top_k`` (mmdet has no such cut), and a class keeps up to ``m
 boxes, as many as the image may have at all.
 
 The body imports mmdet and mmdeploy's mmdet codebase when it runs (an export of a two-stage
-detector), not when :mod:`mmrepa.deploy` is imported.
+detector), not when :mod:`mmrepa.integrations.mmdeploy` is imported.
 """
+
 from typing import List, Optional, Tuple
 
 import torch
@@ -45,20 +46,22 @@ from mmdeploy.core import FUNCTION_REWRITER
 
 
 @FUNCTION_REWRITER.register_rewriter(
-    'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat',
-    backend='onnxruntime')
-def bbox_head__predict_by_feat__onnxruntime(self, rois: torch.Tensor,
-                                            cls_scores: torch.Tensor,
-                                            bbox_preds: Optional[torch.Tensor],
-                                            batch_img_metas: List[dict],
-                                            rcnn_test_cfg=None,
-                                            rescale: bool = False) -> Tuple[torch.Tensor]:
+    'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat', backend='onnxruntime'
+)
+def bbox_head__predict_by_feat__onnxruntime(
+    self,
+    rois: torch.Tensor,
+    cls_scores: torch.Tensor,
+    bbox_preds: Optional[torch.Tensor],
+    batch_img_metas: List[dict],
+    rcnn_test_cfg=None,
+    rescale: bool = False,
+) -> Tuple[torch.Tensor]:
     """Batched (B, N, ...) ``rois``, ``cls_scores``, ``bbox_preds`` -> ``dets`` (B, K, 5) in
     the network input's coordinates and ``labels`` (B, K), as mmdeploy's rewrite returns."""
-    from mmdet.structures.bbox import get_box_tensor
-
     from mmdeploy.codebase.mmdet.deploy import get_post_processing_params
     from mmdeploy.mmcv.ops import multiclass_nms
+    from mmdet.structures.bbox import get_box_tensor
 
     ctx = FUNCTION_REWRITER.get_context()
     if rois.ndim != 3:
@@ -70,7 +73,8 @@ def bbox_head__predict_by_feat__onnxruntime(self, rois: torch.Tensor,
         scores = F.softmax(cls_scores, dim=-1)
     if bbox_preds is not None:
         bboxes = get_box_tensor(
-            self.bbox_coder.decode(rois[..., 1:], bbox_preds, max_shape=img_shape))
+            self.bbox_coder.decode(rois[..., 1:], bbox_preds, max_shape=img_shape)
+        )
     else:  # the RoIs themselves, clipped to the image (as mmdet)
         bboxes = rois[..., 1:]
         limit = bboxes.new_tensor([img_shape[1], img_shape[0]] * 2)
@@ -96,7 +100,8 @@ def bbox_head__predict_by_feat__onnxruntime(self, rois: torch.Tensor,
         iou_threshold=cfg.nms.get('iou_threshold', post_params.iou_threshold),
         score_threshold=cfg.get('score_thr', post_params.score_threshold),
         pre_top_k=-1,
-        keep_top_k=keep_top_k)
+        keep_top_k=keep_top_k,
+    )
 
 
 # below every sigmoid / softmax score: marks the boxes a level's or class's NMS must not see
@@ -104,18 +109,23 @@ _NOT_CANDIDATE = -1.0
 
 
 @FUNCTION_REWRITER.register_rewriter(
-    'mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat', backend='onnxruntime')
-def rpn_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tensor],
-                                           bbox_preds: List[torch.Tensor],
-                                           score_factors=None,
-                                           batch_img_metas: Optional[List[dict]] = None,
-                                           cfg=None, rescale: bool = False,
-                                           with_nms: bool = True, **kwargs):
+    'mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat', backend='onnxruntime'
+)
+def rpn_head__predict_by_feat__onnxruntime(
+    self,
+    cls_scores: List[torch.Tensor],
+    bbox_preds: List[torch.Tensor],
+    score_factors=None,
+    batch_img_metas: Optional[List[dict]] = None,
+    cfg=None,
+    rescale: bool = False,
+    with_nms: bool = True,
+    **kwargs,
+):
     """Per-level maps -> proposals ``dets`` (B, K, 5) (x1, y1, x2, y2, objectness) and their
     level (B, K), as mmdeploy's rewrite returns them to its RoI head rewrite."""
-    from mmdet.structures.bbox import get_box_tensor
-
     from mmdeploy.mmcv.ops import multiclass_nms
+    from mmdet.structures.bbox import get_box_tensor
 
     if not with_nms:
         raise NotImplementedError('the RPN exports with NMS only')
@@ -124,8 +134,10 @@ def rpn_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tensor],
     img_shape = batch_img_metas[0]['img_shape']
     nms_pre = cfg.get('nms_pre', -1)
     priors = self.prior_generator.grid_priors(
-        [score.shape[-2:] for score in cls_scores], dtype=bbox_preds[0].dtype,
-        device=bbox_preds[0].device)
+        [score.shape[-2:] for score in cls_scores],
+        dtype=bbox_preds[0].dtype,
+        device=bbox_preds[0].device,
+    )
     all_deltas, all_priors, all_scores, all_levels = [], [], [], []
     for level, (score, deltas, prior) in enumerate(zip(cls_scores, bbox_preds, priors)):
         score = score.permute(0, 2, 3, 1).reshape(B, -1, self.cls_out_channels)
@@ -139,10 +151,12 @@ def rpn_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tensor],
         all_deltas.append(deltas)
         all_priors.append(prior)
         all_scores.append(score)
-        all_levels.append(torch.full(score.shape, level, dtype=torch.long,
-                                     device=score.device))
-    boxes = get_box_tensor(self.bbox_coder.decode(
-        torch.cat(all_priors, 1), torch.cat(all_deltas, 1), max_shape=img_shape))
+        all_levels.append(torch.full(score.shape, level, dtype=torch.long, device=score.device))
+    boxes = get_box_tensor(
+        self.bbox_coder.decode(
+            torch.cat(all_priors, 1), torch.cat(all_deltas, 1), max_shape=img_shape
+        )
+    )
     scores, level_ids = torch.cat(all_scores, 1), torch.cat(all_levels, 1)
     scores = _drop_small(boxes, scores, cfg.get('min_bbox_size', -1))
     keep_top_k = cfg.get('max_per_img', -1)
@@ -154,7 +168,8 @@ def rpn_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tensor],
         iou_threshold=cfg.nms.get('iou_threshold'),
         score_threshold=_NOT_CANDIDATE / 2,
         pre_top_k=-1,
-        keep_top_k=keep_top_k)
+        keep_top_k=keep_top_k,
+    )
 
 
 def _drop_small(boxes: torch.Tensor, scores: torch.Tensor, min_size: float) -> torch.Tensor:
@@ -163,8 +178,7 @@ def _drop_small(boxes: torch.Tensor, scores: torch.Tensor, min_size: float) -> t
     if min_size < 0:
         return scores
     w, h = boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]
-    return torch.where((w > min_size) & (h > min_size), scores,
-                       scores.new_full((), _NOT_CANDIDATE))
+    return torch.where((w > min_size) & (h > min_size), scores, scores.new_full((), _NOT_CANDIDATE))
 
 
 def _per_column(scores: torch.Tensor, column: torch.Tensor, columns: int) -> torch.Tensor:
@@ -175,17 +189,22 @@ def _per_column(scores: torch.Tensor, column: torch.Tensor, columns: int) -> tor
 
 
 @FUNCTION_REWRITER.register_rewriter(
-    'mmdet.models.dense_heads.retina_head.RetinaHead.predict_by_feat', backend='onnxruntime')
-def retina_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tensor],
-                                              bbox_preds: List[torch.Tensor],
-                                              score_factors=None,
-                                              batch_img_metas: Optional[List[dict]] = None,
-                                              cfg=None, rescale: bool = False,
-                                              with_nms: bool = True, **kwargs):
+    'mmdet.models.dense_heads.retina_head.RetinaHead.predict_by_feat', backend='onnxruntime'
+)
+def retina_head__predict_by_feat__onnxruntime(
+    self,
+    cls_scores: List[torch.Tensor],
+    bbox_preds: List[torch.Tensor],
+    score_factors=None,
+    batch_img_metas: Optional[List[dict]] = None,
+    cfg=None,
+    rescale: bool = False,
+    with_nms: bool = True,
+    **kwargs,
+):
     """Per-level maps -> ``dets`` (B, K, 5) and ``labels`` (B, K) with mmdet's candidates."""
-    from mmdet.structures.bbox import get_box_tensor
-
     from mmdeploy.mmcv.ops import multiclass_nms
+    from mmdet.structures.bbox import get_box_tensor
 
     if not with_nms or score_factors is not None:
         raise NotImplementedError('RetinaHead exports with NMS and without score factors')
@@ -195,8 +214,10 @@ def retina_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tenso
     img_shape = batch_img_metas[0]['img_shape']
     nms_pre, score_thr = cfg.get('nms_pre', -1), cfg.get('score_thr', 0)
     priors = self.prior_generator.grid_priors(
-        [score.shape[-2:] for score in cls_scores], dtype=bbox_preds[0].dtype,
-        device=bbox_preds[0].device)
+        [score.shape[-2:] for score in cls_scores],
+        dtype=bbox_preds[0].dtype,
+        device=bbox_preds[0].device,
+    )
     all_boxes, all_scores, all_labels = [], [], []
     for score, deltas, prior in zip(cls_scores, bbox_preds, priors):
         score = score.permute(0, 2, 3, 1).reshape(B, -1, C)
@@ -212,8 +233,9 @@ def retina_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tenso
             pair = torch.arange(score.shape[1], device=score.device).expand(B, -1)
         anchor = torch.div(pair, num_classes, rounding_mode='floor')
         index = anchor.unsqueeze(-1).expand(-1, -1, 4)
-        boxes = self.bbox_coder.decode(prior.gather(1, index),
-                                       deltas.gather(1, index), max_shape=img_shape)
+        boxes = self.bbox_coder.decode(
+            prior.gather(1, index), deltas.gather(1, index), max_shape=img_shape
+        )
         all_boxes.append(get_box_tensor(boxes))
         all_scores.append(score)
         all_labels.append(pair - anchor * num_classes)
@@ -228,4 +250,5 @@ def retina_head__predict_by_feat__onnxruntime(self, cls_scores: List[torch.Tenso
         iou_threshold=cfg.nms.get('iou_threshold'),
         score_threshold=_NOT_CANDIDATE / 2,
         pre_top_k=-1,
-        keep_top_k=keep_top_k)
+        keep_top_k=keep_top_k,
+    )

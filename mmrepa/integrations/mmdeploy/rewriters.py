@@ -1,4 +1,5 @@
-"""mmdeploy rewrites that mmrepa models need (registered when :mod:`mmrepa.deploy` is imported).
+"""mmdeploy rewrites that mmrepa models need (registered when :mod:`mmrepa.integrations.mmdeploy`
+is imported).
 
 mmdeploy applies them while it exports (inside its ``RewriterContext``); outside an export
 nothing changes.
@@ -45,9 +46,11 @@ attention needs no replacement for ``torch.roll`` or dynamic padding: its window
 shift, partition) is one index gather whose indices are computed from the map size and exported
 as constants, hence the static-shape deploy configs (``configs/deploy/``). 3 and 4 replace
 mmdeploy's default rewrites for the ``onnxruntime`` backend only (a backend-specific rewrite
-takes precedence over a default one). :mod:`mmrepa.deploy.mmdet_heads` does the same for the
+takes precedence over a default one). :mod:`mmrepa.integrations.mmdeploy.mmdet_heads` does the same
+for the
 RetinaNet, RPN and R-CNN post-processing.
 """
+
 import contextlib
 import functools
 import math
@@ -56,10 +59,10 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.utils import _pair
 from mmdeploy.core import FUNCTION_REWRITER, SYMBOLIC_REWRITER
 from mmdeploy.core.rewriters import function_rewriter
 from mmdeploy.utils import get_ir_config
+from torch.nn.modules.utils import _pair
 
 
 def _exit_with_dict_registry(exit):
@@ -77,13 +80,20 @@ def _exit_with_dict_registry(exit):
 
 if not getattr(function_rewriter.FunctionRewriter.exit, 'mmrepa_dict_registry', False):
     function_rewriter.FunctionRewriter.exit = _exit_with_dict_registry(
-        function_rewriter.FunctionRewriter.exit)
+        function_rewriter.FunctionRewriter.exit
+    )
 
 
-def exact_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-               is_causal: bool = False, scale: Optional[float] = None,
-               enable_gqa: bool = False) -> torch.Tensor:
+def exact_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` for inference, as MatMul / Softmax / MatMul.
 
     ``scale`` multiplies the logits (default ``1 / sqrt(head_dim)``); a boolean ``attn_mask``
@@ -95,7 +105,8 @@ def exact_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         raise NotImplementedError(
             'exact_sdpa exports inference attention only: dropout_p=0, is_causal=False, '
             f'enable_gqa=False (got dropout_p={dropout_p}, is_causal={is_causal}, '
-            f'enable_gqa={enable_gqa})')
+            f'enable_gqa={enable_gqa})'
+        )
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
     logits = (query * scale) @ key.transpose(-2, -1)
@@ -126,9 +137,9 @@ def _exact_sdpa():
 SDPA_METHODS = (
     'mmrepa.layers.window_attention.WindowMSA.attend',
     'mmrepa.layers.windowed_self_attention.WindowedSelfAttention._attend',
-    'mmrepa.layers.depth_join.JoinedAttention._attend',
-    'mmrepa.layers.depth_join.JoinedAttention._per_branch',
-    'mmrepa.layers.depth_join.JoinedAttention._joined_logits',
+    'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._attend',
+    'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._per_branch',
+    'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._joined_logits',
 )
 
 
@@ -139,8 +150,7 @@ def _run_with_exact_sdpa(*args, **kwargs):
 
 
 for _method in SDPA_METHODS:
-    FUNCTION_REWRITER.register_rewriter(func_name=_method, backend='default')(
-        _run_with_exact_sdpa)
+    FUNCTION_REWRITER.register_rewriter(func_name=_method, backend='default')(_run_with_exact_sdpa)
 
 
 @FUNCTION_REWRITER.register_rewriter(func_name='torch.onnx.export', backend='default')
@@ -156,8 +166,16 @@ def torch_onnx_export__torchscript(*args, **kwargs):
 
 
 @SYMBOLIC_REWRITER.register_symbolic('mmcv.ops.roi_align.__self__', backend='onnxruntime')
-def roi_align__onnxruntime(g, input, rois, output_size, spatial_scale: float,
-                           sampling_ratio: int, pool_mode: str, aligned: bool):
+def roi_align__onnxruntime(
+    g,
+    input,
+    rois,
+    output_size,
+    spatial_scale: float,
+    sampling_ratio: int,
+    pool_mode: str,
+    aligned: bool,
+):
     """mmcv ``RoIAlignFunction`` as ONNX ``RoiAlign``. ``rois`` (K, 5) are (batch index,
     x1, y1, x2, y2); ONNX takes the indices (int64) and boxes apart. mmcv's ``aligned=True``
     (shift by -0.5 px) is RoiAlign-16's ``half_pixel`` mode; before opset 16 the shift is
@@ -168,15 +186,19 @@ def roi_align__onnxruntime(g, input, rois, output_size, spatial_scale: float,
     def const(value, dtype=torch.long):
         return g.op('Constant', value_t=torch.tensor(value, dtype=dtype))
 
-    batch_indices = g.op('Cast', g.op('Gather', rois, const(0), axis_i=1),
-                         to_i=7)  # TensorProto.INT64
+    batch_indices = g.op(
+        'Cast', g.op('Gather', rois, const(0), axis_i=1), to_i=7
+    )  # TensorProto.INT64
     boxes = g.op('Gather', rois, const([1, 2, 3, 4]), axis_i=1)
-    attrs = dict(output_height_i=output_size[0], output_width_i=output_size[1],
-                 spatial_scale_f=spatial_scale, sampling_ratio_i=sampling_ratio,
-                 mode_s=pool_mode)
+    attrs = dict(
+        output_height_i=output_size[0],
+        output_width_i=output_size[1],
+        spatial_scale_f=spatial_scale,
+        sampling_ratio_i=sampling_ratio,
+        mode_s=pool_mode,
+    )
     if opset >= 16:
-        attrs['coordinate_transformation_mode_s'] = (
-            'half_pixel' if aligned else 'output_half_pixel')
+        attrs['coordinate_transformation_mode_s'] = 'half_pixel' if aligned else 'output_half_pixel'
     elif aligned:
         boxes = g.op('Sub', boxes, const(0.5 / spatial_scale, torch.float))
     return g.op('RoiAlign', input, boxes, batch_indices, **attrs)
@@ -192,7 +214,8 @@ def _adaptive_windows(size: int, out: int, like: torch.Tensor) -> torch.Tensor:
 
 
 @FUNCTION_REWRITER.register_rewriter(
-    func_name='torch.nn.functional.adaptive_avg_pool2d', backend='onnxruntime')
+    func_name='torch.nn.functional.adaptive_avg_pool2d', backend='onnxruntime'
+)
 def adaptive_avg_pool2d__onnxruntime(input: torch.Tensor, output_size) -> torch.Tensor:
     """Exact adaptive average pooling for a static input size (see the module docstring)."""
     ctx = FUNCTION_REWRITER.get_context()

@@ -1,0 +1,8 @@
+"""RepOpt-VGG: a plain VGG whose training-time structure lives in its optimizer
+(:mod:`.blocks` holds the conv-BN layers of RepOpt, CSLA and RepVGG, :mod:`.backbone` the
+model)."""
+
+from .backbone import RepOptVGG
+from .blocks import CSLAConvBN, RepOptConvBN, RepVGGConvBN
+
+__all__ = ['RepOptVGG', 'CSLAConvBN', 'RepOptConvBN', 'RepVGGConvBN']
