@@ -10,7 +10,7 @@ import torch.nn as nn
 import mmrepa
 from mmrepa import FoldError, fold_model, reparameterize
 from mmrepa.backbones import RePaSwin
-from mmrepa.fold import all_or_nothing, check_foldable, find_fold_problems, protocol
+from mmrepa.fold import all_or_nothing, check_foldable, checks, find_fold_problems
 from mmrepa.layers import ChannelIdleFFN, SepConv
 
 from .conftest import TINY_ARCH, max_abs_diff, randomize_
@@ -177,7 +177,7 @@ def test_a_refused_fold_changes_nothing(name, how, monkeypatch):
     def restore(snapshot):
         raise AssertionError('the fold was refused after it had changed the model')
 
-    monkeypatch.setattr(protocol._Snapshot, 'restore', restore)
+    monkeypatch.setattr(checks._Snapshot, 'restore', restore)
     fold = dict(
         fold_model=lambda: fold_model(model, logger=None),
         reparameterize=lambda: reparameterize(model),
@@ -228,8 +228,8 @@ def test_a_fold_failing_midway_is_undone(how):
     before = _everything(model)
     ffn = model.stages[-1].blocks[-1].ffn
 
-    def fold_then_fail():
-        ChannelIdleFFN.reparameterize(ffn)
+    def fold_then_fail(policy=None):
+        ChannelIdleFFN.reparameterize(ffn, policy)
         raise _Interrupted('simulated failure in the middle of the fold')
 
     ffn.reparameterize = fold_then_fail  # the walk and the backbone call it by this name
@@ -309,7 +309,6 @@ def _build(path: str):
     from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
     from mmrepa.backbones.metaformer import MetaFormer
     from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
-    from mmrepa.integrations.quantize import IdentityApartRepVGG, ShortcutApartFFN
     from mmrepa.layers import FoldablePatchEmbed, FoldablePatchMerging
 
     meta = dict(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16))
@@ -347,14 +346,13 @@ def _build(path: str):
         'backbones.repopt_vgg.blocks.RepOptConvBN': lambda: RepOptConvBN(8, 8),
         'backbones.repopt_vgg.blocks.RepVGGConvBN': lambda: RepVGGConvBN(8, 8),
         'layers.sep_conv.SepConv': lambda: SepConv(8),
-        'integrations.quantize.IdentityApartRepVGG': lambda: IdentityApartRepVGG(8, 8),
-        'integrations.quantize.ShortcutApartFFN': lambda: ShortcutApartFFN(8),
     }
     return builders[path[len('mmrepa.') :]]()
 
 
 # Bases that are not modules of their own: each concrete subclass is tested.
 ABSTRACT = {
+    'mmrepa.fold.base.Reparameterizable',
     'mmrepa.backbones.base.DenseBackbone',
     'mmrepa.layers.patch_layers._NormFolding',
     'mmrepa.backbones.repopt_vgg.blocks._RepOptLayer',

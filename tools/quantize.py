@@ -45,7 +45,7 @@ from mmengine.config import DictAction
 import mmrepa
 from mmrepa.apis import init_model, load_config, one_line_errors
 from mmrepa.errors import ConfigError
-from mmrepa.fold.protocol import is_foldable
+from mmrepa.fold import is_foldable
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.integrations.onnx import (
     TensorForward,

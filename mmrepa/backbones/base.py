@@ -10,7 +10,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import LoadReport, check_shapes, load_state_dict_checked, read_state_dict
 from ..errors import ConfigError, InputError
-from ..fold import Reparameterizable, fold_submodules
+from ..fold import FoldPolicy, Reparameterizable
 from ..registry import build_norm_layer
 
 
@@ -102,12 +102,9 @@ class DenseBackbone(Reparameterizable, BaseModule):
         check_shapes(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def reparameterize(self) -> None:
-        """Fold every foldable part (eval mode required, all or nothing: see
-        :class:`~mmrepa.fold.Reparameterizable`); idempotent. Frozen stages stay frozen: the
-        folded layers are new parameters, which would otherwise be trainable."""
-        fold_submodules(self)
-        self.deploy = True
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        """The parts are folded (by :class:`~mmrepa.fold.Reparameterizable`); frozen stages
+        stay frozen: the folded layers are new parameters, which would otherwise train."""
         self._freeze_stages()
 
     def train(self, mode: bool = True):

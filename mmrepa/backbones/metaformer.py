@@ -19,7 +19,7 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
-from ..fold import Reparameterizable, check_fold_state, norm_fold_problems
+from ..fold import FoldPolicy, Reparameterizable, norm_fold_problems
 from ..layers import (
     ChannelIdleFFN,
     ResScale,
@@ -185,10 +185,6 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
         )
         self.res_scale2 = ResScale(dims) if res_scale else None
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     @staticmethod
     def _residual(res_scale: Optional[ResScale], x: torch.Tensor, y: torch.Tensor):
         return x + y if res_scale is None else res_scale(x, y)
@@ -213,11 +209,8 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
             self.mlp.norm, 'mlp.norm'
         )
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold the MLP branch into a folded :class:`ChannelIdleFFN` (in place, idempotent)."""
-        if self.deploy:
-            return
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        """The MLP branch becomes a :class:`ChannelIdleFFN` made of its modules, folded."""
         ffn = ChannelIdleFFN.from_modules(
             self.norm2,
             self.mlp.fc1,
@@ -227,10 +220,9 @@ class MetaFormerBlock(Reparameterizable, BaseModule):
             hidden_norm=self.mlp.norm,
             res_scale=self.res_scale2.scale if self.res_scale2 is not None else None,
         )
-        ffn.train(self.training).reparameterize()
+        ffn.train(self.training).reparameterize(policy)
         del self.norm2, self.mlp, self.res_scale2
         self.ffn = ffn
-        self.deploy = True
 
 
 class MetaFormerStage(BaseModule):

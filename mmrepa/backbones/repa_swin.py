@@ -17,7 +17,7 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
-from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
@@ -202,14 +202,32 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
         """An affine ``norm1`` must have finite running statistics."""
         return norm_fold_problems(self.norm1, 'norm1')
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold an affine ``norm1`` into ``qkv`` (the FFN folds itself); idempotent."""
-        if self.norm1 is not None and is_affine_norm(self.norm1):
-            scale, shift = norm_affine(self.norm1, fold_dtype(self.attn.w_msa.qkv.weight))
-            self.attn.fold_input_affine(scale, shift)
-            self.norm1 = None
-        self.deploy = True
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """An affine ``norm1`` (``x * s + t``) into ``qkv``: ``W s``, ``b + W t``. Padded
+        window tokens are zeros after the norm; they keep their pre-fold projection
+        ``qkv(0) = b`` in ``padded_qkv`` (see :class:`ShiftWindowMSA`)."""
+        if self.norm1 is None or not is_affine_norm(self.norm1):
+            return {}
+        scale, shift = norm_affine(self.norm1, dtype)
+        qkv = self.attn.w_msa.qkv
+        w = qkv.weight.to(dtype)
+        b = qkv.bias.to(dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
+        padded = self.attn.padded_qkv
+        return {
+            'attn.w_msa.qkv.weight': w * scale,
+            'attn.w_msa.qkv.bias': b + w @ shift,
+            'attn.padded_qkv': b if padded is None else padded.to(dtype),
+        }
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        if not tensors:
+            return
+        self.norm1 = None
+        qkv, attn = self.attn.w_msa.qkv, self.attn
+        if qkv.bias is None:
+            qkv.bias = nn.Parameter(qkv.weight.new_empty(qkv.weight.shape[0]))
+        if attn.padded_qkv is None:
+            attn.padded_qkv = qkv.weight.new_empty(qkv.weight.shape[0])
 
 
 class RePaSwinStage(BaseModule):

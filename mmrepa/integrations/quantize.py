@@ -20,11 +20,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..backbones.repopt_vgg.blocks import RepVGGConvBN
 from ..errors import ConfigError, InputError
-from ..fold import reparameterize
-from ..fold.arithmetic import batchnorm_affine, fold_dtype
-from ..layers.channel_idle_ffn import ChannelIdleFFN
+from ..fold import FoldPolicy, reparameterize
 from ..utils.files import atomic_output
 
 WEIGHTED_OPS = ('Conv', 'MatMul', 'Gemm')
@@ -419,69 +416,14 @@ def needs_reduce_range() -> bool:
 # --- quantization-aware folding: identity shortcuts kept out of the weights -------------------
 
 
-class ShortcutApartFFN(ChannelIdleFFN):
-    """A :class:`ChannelIdleFFN` whose fold adds the (scaled) shortcut after the folded
-    matrices instead of putting ``diag(r)`` into ``in_proj``'s linear rows: the form the FFN
-    takes anyway when its pre-norm does not fold."""
-
-    @property
-    def shortcut_folded(self) -> bool:
-        return False
-
-
-class IdentityApartRepVGG(RepVGGConvBN):
-    """A :class:`RepVGGConvBN` that folds into ``act(conv3x3(x) + x * s)``: the 3x3 and 1x1
-    branches in the kernel, the identity BN's scale ``s`` kept apart (its shift goes into the
-    bias)."""
-
-    def reparameterize(self) -> None:
-        if self.deploy:
-            return
-        identity, self.rbr_identity = self.rbr_identity, None
-        super().reparameterize()  # the 3x3 and 1x1 branches only
-        self.identity_scale = None
-        if identity is not None:
-            scale, shift = batchnorm_affine(identity, fold_dtype(self.conv.weight))
-            with torch.no_grad():
-                self.conv.bias.add_(shift.to(self.conv.bias.dtype))
-            del self.identity_scale
-            self.register_buffer(
-                'identity_scale', scale.to(self.conv.weight.dtype).view(1, -1, 1, 1)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.deploy and getattr(self, 'identity_scale', None) is not None:
-            return self.act(self.conv(x) + x * self.identity_scale)
-        return super().forward(x)
-
-
 def fold_identity_apart(model: torch.nn.Module) -> torch.nn.Module:
     """Fold ``model`` as :func:`mmrepa.reparameterize` does, in place, but keep identity
-    shortcuts out of the weights: RepVGG layers compute ``act(conv(x) + x * s)`` (instead of
-    ``s`` on the kernel's diagonal centre taps), channel-idle FFNs whose pre-norm folds add
-    ``r * x`` after their folded matrices (instead of ``diag(r)`` in ``in_proj``). The function
-    is the same up to float rounding, for one elementwise add per layer; the weights and
-    ``in_proj``'s outputs keep the ranges of the trained branches, which 8-bit scales resolve
-    far better than an identity (``~1`` or ``1/sigma``) next to weights of ``~0.1``. Other
-    layers fold as usual. Returns the model.
-
-    The FFNs of MetaFormer blocks are created inside the block's own fold, so for the duration
-    of the call ``ChannelIdleFFN.reparameterize`` is wrapped (not thread-safe).
+    shortcuts out of the weights (``FoldPolicy(identity_apart=True)``): RepVGG layers compute
+    ``act(conv(x) + x * s)`` (instead of ``s`` on the kernel's diagonal centre taps),
+    channel-idle FFNs whose pre-norm folds add ``r * x`` after their folded matrices (instead of
+    ``diag(r)`` in ``in_proj``). The function is the same up to float rounding, for one
+    elementwise add per layer; the weights and ``in_proj``'s outputs keep the ranges of the
+    trained branches, which 8-bit scales resolve far better than an identity (``~1`` or
+    ``1/sigma``) next to weights of ``~0.1``. Other layers fold as usual. Returns the model.
     """
-    for module in model.modules():
-        if type(module) is RepVGGConvBN and not module.deploy:
-            module.__class__ = IdentityApartRepVGG
-        elif type(module) is ChannelIdleFFN and not module.deploy:
-            module.__class__ = ShortcutApartFFN
-    original = ChannelIdleFFN.reparameterize
-
-    def shortcut_apart_reparameterize(self):
-        if type(self) is ChannelIdleFFN and not self.deploy:
-            self.__class__ = ShortcutApartFFN
-        return original(self)
-
-    ChannelIdleFFN.reparameterize = shortcut_apart_reparameterize
-    try:
-        return reparameterize(model)
-    finally:
-        ChannelIdleFFN.reparameterize = original
+    return reparameterize(model, FoldPolicy(identity_apart=True))

@@ -11,14 +11,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import (
-    Reparameterizable,
-    check_fold_state,
-    fold_dtype,
-    is_affine_norm,
-    norm_affine,
-    norm_fold_problems,
-)
+from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .activations import bare_activation, has_output_affine, output_affine
 
@@ -136,6 +129,7 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
     """
 
     fold_state_keys = ('in_proj.weight', 'fc1.weight')  # see mmrepa.fold.check_fold_state
+    shortcut_apart = False  # folded with FoldPolicy(identity_apart=True)
 
     def __init__(
         self,
@@ -239,8 +233,9 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
 
     @property
     def shortcut_folded(self) -> bool:
-        """In the folded form, whether the shortcut lives inside ``in_proj``'s linear path."""
-        return self.prenorm_folds and self.has_idle_channels
+        """In the folded form, whether the shortcut lives inside ``in_proj``'s linear path
+        (where it can, unless the fold kept it apart)."""
+        return self.prenorm_folds and self.has_idle_channels and not self.shortcut_apart
 
     def _folded_biases(self, fc1_bias: bool, hidden_norm: bool, fc2_bias: bool) -> dict:
         """Which folded layers need a bias, decided from the structure (not the values), so
@@ -288,10 +283,6 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
             z = z * self.layer_scale
         return self._add_shortcut(self.drop_path(z.view(x.shape)), x)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def _add_shortcut(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return z + x if self.res_scale is None else torch.addcmul(z, x, self.res_scale)
 
@@ -332,14 +323,11 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
             + norm_fold_problems(self.norm2, 'norm2')
         )
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold into the three-matrix form (SPEC §1), in place; idempotent."""
-        if self.deploy:
-            return
-        like = self.fc1.weight
-        dtype = fold_dtype(like)
-        C, a = self.embed_dims, self.active_channels
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """The three-matrix form (SPEC §1); ``policy.identity_apart`` leaves the shortcut out
+        of ``in_proj`` (added after it, as when the pre-norm does not fold)."""
+        a = self.active_channels
+        fold_shortcut = self.shortcut_folded and not policy.identity_apart
 
         def weight_and_bias(linear):
             w = linear.weight.to(dtype)
@@ -364,24 +352,39 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
             w_out = torch.cat([w_out[:, :a] * s, w_out[:, a:]], dim=1)
         r = self.res_scale.to(dtype) if self.res_scale is not None else None
 
+        tensors = {}
         if self.has_idle_channels:
             w_lin = w_out[:, a:] @ w_in[a:]
-            if self.shortcut_folded:  # identity (or diag(r)) shortcut
+            if fold_shortcut:  # identity (or diag(r)) shortcut
                 w_lin = w_lin + (
                     torch.diag(r)
                     if r is not None
-                    else torch.eye(C, dtype=dtype, device=w_lin.device)
+                    else torch.eye(self.embed_dims, dtype=dtype, device=w_lin.device)
                 )
-            b_lin = w_out[:, a:] @ b_in[a:] + b_out
-            in_weight = torch.cat([w_in[:a], w_lin])
-            in_bias = torch.cat([b_in[:a], b_lin])
+            tensors['in_proj.weight'] = torch.cat([w_in[:a], w_lin])
+            in_bias = torch.cat([b_in[:a], w_out[:, a:] @ b_in[a:] + b_out])
         else:
-            in_weight, in_bias = w_in, b_in
+            tensors['in_proj.weight'], in_bias = w_in, b_in
+        biases = self._biases_of_folded()
+        if biases['in_bias']:
+            tensors['in_proj.bias'] = in_bias
+        if a > 0:
+            tensors['out_proj.weight'] = w_out[:, :a]
+            if biases['out_bias']:
+                tensors['out_proj.bias'] = b_out
+        if r is not None and not fold_shortcut:
+            tensors['res_scale'] = r
+        return tensors
 
-        keep_norm = None if self.prenorm_folds else self.norm1
-        biases = self._folded_biases(
+    def _biases_of_folded(self) -> dict:
+        return self._folded_biases(
             self.fc1.bias is not None, self.norm2 is not None, self.fc2.bias is not None
         )
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        like = self.fc1.weight
+        keep_norm = None if self.prenorm_folds else self.norm1
+        biases = self._biases_of_folded()
         for name in (
             'norm1',
             'fc1',
@@ -393,22 +396,13 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
             'layer_scale',
         ):
             delattr(self, name)
+        self.shortcut_apart = self.shortcut_folded and policy.identity_apart
         self.act = bare_activation(self.act)
         self._build_folded(keep_norm, like=like, **biases)
-        self.in_proj.weight.copy_(in_weight)
-        if self.in_proj.bias is not None:
-            self.in_proj.bias.copy_(in_bias)
-        if a > 0:
-            self.out_proj.weight.copy_(w_out[:, :a])
-            if self.out_proj.bias is not None:
-                self.out_proj.bias.copy_(b_out)
-        if self.res_scale is not None:
-            self.res_scale.copy_(r)
-        self.deploy = True
 
     def extra_repr(self) -> str:
         return (
             f'embed_dims={self.embed_dims}, hidden={self.hidden_channels}, '
             f'active={self.active_channels}, res_scale={self.has_res_scale}, '
-            f'deploy={self.deploy}'
+            f'deploy={self.deploy}' + (', shortcut_apart=True' if self.shortcut_apart else '')
         )

@@ -14,7 +14,7 @@ from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import Reparameterizable, fold_dtype, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
 
@@ -48,16 +48,11 @@ class _NormFolding(Reparameterizable):
         """An affine norm must have finite running statistics."""
         return norm_fold_problems(self.norm, 'norm')
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold an affine norm into the conv / Linear, in place; idempotent."""
-        if self.deploy:
-            return
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """An affine norm into the conv / Linear; a LayerNorm stays (nothing to fold)."""
         if self.norm is None or not is_affine_norm(self.norm):
-            self.deploy = True  # a LayerNorm stays
-            return
+            return {}
         layer = getattr(self, self._target)
-        dtype = fold_dtype(layer.weight)
         scale, shift = norm_affine(self.norm, dtype)
         weight, bias = self._fold(
             layer.weight.to(dtype),
@@ -65,9 +60,10 @@ class _NormFolding(Reparameterizable):
             scale,
             shift,
         )
+        return {f'{self._target}.weight': weight, f'{self._target}.bias': bias}
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         self._drop_foldable_norm()  # gives the layer a bias if it had none
-        layer.weight.copy_(weight)
-        layer.bias.copy_(bias)
 
 
 class FoldablePatchEmbed(_NormFolding, PatchEmbed):

@@ -7,7 +7,7 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 
 from ..errors import ConfigError
-from ..fold import Reparameterizable, fold_dtype
+from ..fold import FoldPolicy, Reparameterizable, fold_dtype
 from ..registry import MODELS, build_activation_layer
 from .activations import SquaredReLU, has_output_affine, output_affine
 
@@ -80,19 +80,15 @@ class SepConv(Reparameterizable, BaseModule):
             ]
         return []
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Move the activation's scale into the depthwise kernels (in place, idempotent)."""
-        if self.deploy:
-            return
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """The activation's scale into the depthwise kernels (a conv bias is added after the
+        kernel and stays as it is); nothing without an output affine."""
         if not self.foldable:
-            self.deploy = True
-            return
-        like = self.dwconv.weight
-        dtype = fold_dtype(like)
+            return {}
         s, b = output_affine(self.act1, dtype)
-        # A conv bias is added after the kernel and stays as it is.
-        self.dwconv.weight.copy_(like.to(dtype) * s)
-        self.act1 = SquaredReLU(bias=True).to(device=like.device, dtype=like.dtype)
-        self.act1.bias.copy_(b / s)
-        self.deploy = True
+        return {'dwconv.weight': self.dwconv.weight.to(dtype) * s, 'act1.bias': b / s}
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        if self.foldable:
+            like = self.dwconv.weight
+            self.act1 = SquaredReLU(bias=True).to(device=like.device, dtype=like.dtype)

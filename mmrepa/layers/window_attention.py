@@ -181,10 +181,10 @@ class ShiftWindowMSA(BaseModule):
     """Window attention on a token map of any size: pad to the window, shift, attend, undo.
 
     The map is padded with zero tokens, as in mmdet's Swin, whose projection is ``qkv(0)``.
-    Once a norm has been folded into ``qkv`` (:meth:`fold_input_affine`) a zero token no longer
-    projects to the pre-fold ``qkv(0)``, so that value is kept in the ``padded_qkv`` buffer and
-    written over the padded tokens' projections: the folded model stays exact on every input
-    size (SPEC §2).
+    Once a norm has been folded into ``qkv`` (by ``RePaSwinBlock``'s fold) a zero token no
+    longer projects to the pre-fold ``qkv(0)``, so that value is kept in the ``padded_qkv``
+    buffer and written over the padded tokens' projections: the folded model stays exact on
+    every input size (SPEC §2).
 
     Args:
         embed_dims, num_heads, window_size, qkv_bias, qk_scale, attn_drop_rate,
@@ -195,8 +195,9 @@ class ShiftWindowMSA(BaseModule):
             (:class:`WindowMSA`); ``'L'``: simplified linear attention
             (:class:`~mmrepa.layers.SimplifiedLinearAttention`, no shifted-window mask, as in
             SLAB). Default: ``'S'``.
-        norm_folded (bool): Build the structure :meth:`fold_input_affine` leaves (a ``qkv``
-            bias and the ``padded_qkv`` buffer), to load folded checkpoints. Default: False.
+        norm_folded (bool): Build the structure ``RePaSwinBlock``'s fold of its norm leaves
+            (a ``qkv`` bias and the ``padded_qkv`` buffer), to load folded checkpoints.
+            Default: False.
 
     Input (B, H*W, C) with ``hw_shape = (H, W)``; output (B, H*W, C).
     """
@@ -301,19 +302,3 @@ class ShiftWindowMSA(BaseModule):
                 window_layout(*hw_shape, self.window_size, self.shift_size, device),
             )
         return self._layout_cache[1]
-
-    @torch.no_grad()
-    def fold_input_affine(self, scale: torch.Tensor, shift: torch.Tensor) -> None:
-        """Absorb a per-channel affine map ``x * scale + shift`` applied to the input into
-        ``qkv``; padded tokens keep the value they had (see the class docstring)."""
-        qkv = self.w_msa.qkv
-        w = qkv.weight.to(scale.dtype)
-        b = qkv.bias.to(scale.dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
-        if self.padded_qkv is None:
-            self.padded_qkv = b.to(qkv.weight).clone()
-        new_bias = (b + w @ shift).to(qkv.weight)
-        qkv.weight.copy_(w * scale)
-        if qkv.bias is None:
-            qkv.bias = nn.Parameter(new_bias)
-        else:
-            qkv.bias.copy_(new_bias)

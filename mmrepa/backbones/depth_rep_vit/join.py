@@ -32,7 +32,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
 from ...errors import ConfigError
-from ...fold import Reparameterizable, check_fold_state, fold_dtype
+from ...fold import FoldPolicy, Reparameterizable
 from ...layers.window_attention import window_partition, window_reverse
 from ...registry import MODELS, build_activation_layer, build_norm_layer
 
@@ -183,7 +183,6 @@ class _LambdaMixin:
         return []
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if not self.deploy:
             self._join_lambda = float(self.join_lambda)
@@ -507,23 +506,16 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
     def describe(self) -> str:
         return f'{type(self).__name__}(num_branches={self.num_branches}, join={self.join!r})'
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold into one attention (wider heads for ``'logits'``, a standard one for
-        ``'qkv'``), in place, computed in float64; idempotent. Raises :class:`FoldError`
-        unless λ == 1.0 (or n == 1)."""
-        if self.deploy:
-            return
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """One attention (wider heads for ``'logits'``, a standard one for ``'qkv'``); the
+        fold refuses unless λ == 1.0 (or n == 1): :meth:`fold_problems`."""
+        names = ('qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias')
+        return {k: t for k, t in zip(names, self._folded_tensors(dtype)) if t is not None}
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         like = self.branch_qkv.weight
-        tensors = self._folded_tensors(fold_dtype(like))
         del self.branch_qkv, self.branch_proj, self.join_lambda
         self._build_folded(like)
-        for param, value in zip(
-            (self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias), tensors
-        ):
-            if param is not None:
-                param.copy_(value)
-        self.deploy = True
 
     @torch.no_grad()
     def reset_branch_parameters(self, method: str = 'xavier_uniform', std: float = 0.02):
@@ -658,21 +650,15 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
     def describe(self) -> str:
         return f'{type(self).__name__}(num_branches={self.num_branches})'
 
-    @torch.no_grad()
-    def reparameterize(self) -> None:
-        """Fold into one FFN by summing the branches (float64), in place; idempotent. Raises
-        :class:`FoldError` unless λ == 1.0 (or n == 1)."""
-        if self.deploy:
-            return
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """One FFN, the branches summed; the fold refuses unless λ == 1.0 (or n == 1)."""
+        names = ('fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias')
+        return dict(zip(names, self._folded_tensors(dtype)))
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         like = self.branch_fc1.weight
-        tensors = self._folded_tensors(fold_dtype(like))
         del self.branch_fc1, self.branch_fc2, self.join_lambda
         self._build_folded(like)
-        for param, value in zip(
-            (self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias), tensors
-        ):
-            param.copy_(value)
-        self.deploy = True
 
     @torch.no_grad()
     def reset_branch_parameters(self, method: str = 'xavier_uniform', std: float = 0.02):
@@ -842,25 +828,11 @@ class JoinedBlock(Reparameterizable, BaseModule):
         out = self.attn(window_partition(u, ws), mask)
         return window_reverse(out, ws, Hp, Wp)[:, :H, :W].reshape(B, N, C)
 
-    def reparameterize(self) -> None:
-        """Fold both sub-layers (in place, float64, idempotent). Refuses with a
-        :class:`FoldError` naming the block and λ unless λ == 1.0 in both sub-layers; nothing
-        is folded then (:class:`~mmrepa.fold.Reparameterizable` checks both first)."""
-        if self.deploy:
-            return
-        self.attn.reparameterize()
-        self.mlp.reparameterize()
-        self.deploy = True
-
     def describe(self) -> str:
         return (
             f'{type(self).__name__}(embed_dims={self.embed_dims}, '
             f'num_branches={self.num_branches}, join={self.join!r})'
         )
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return (

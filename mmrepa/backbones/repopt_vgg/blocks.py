@@ -23,8 +23,8 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...errors import CheckpointError, ConfigError
-from ...fold import Reparameterizable
-from ...fold.arithmetic import batchnorm_affine, check_fold_state, fold_dtype, norm_fold_problems
+from ...fold import FoldPolicy, Reparameterizable
+from ...fold.arithmetic import batchnorm_affine, norm_fold_problems
 from ...registry import MODELS
 
 
@@ -114,27 +114,19 @@ class _RepOptLayer(Reparameterizable, BaseModule):
             for problem in norm_fold_problems(bn, name)
         ]
 
-    def reparameterize(self) -> None:
-        """Fold the layer into one 3x3 conv with bias (eval-mode BN); idempotent."""
-        if self.deploy:
-            return
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """One 3x3 conv with bias (eval-mode BN)."""
+        kernel, bias = self._fused(dtype)
+        return {'conv.weight': kernel, 'conv.bias': bias}
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         like = next(self.parameters())
-        kernel, bias = self._fused(fold_dtype(like))
-        conv = self.conv3x3(bias=True).to(device=like.device, dtype=like.dtype)
-        with torch.no_grad():
-            conv.weight.copy_(kernel)
-            conv.bias.copy_(bias)
         for name in list(self._modules):
             if name != 'act':
                 delattr(self, name)
         for name in list(self._buffers):
             delattr(self, name)
-        self.conv = conv
-        self.deploy = True
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_fold_state(state_dict, prefix, self)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.conv = self.conv3x3(bias=True).to(device=like.device, dtype=like.dtype)
 
 
 def _fold_bn(kernel: torch.Tensor, bn: nn.Module, dtype: torch.dtype):
@@ -370,6 +362,8 @@ class RepVGGConvBN(_RepOptLayer):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        # the identity BN's scale, kept apart by FoldPolicy(identity_apart=True)
+        self.register_buffer('identity_scale', None)
         if deploy:
             return
         self.rbr_dense = nn.Sequential()
@@ -382,15 +376,38 @@ class RepVGGConvBN(_RepOptLayer):
         self.rbr_1x1.add_module('bn', nn.BatchNorm2d(out_channels))
         self.rbr_identity = nn.BatchNorm2d(out_channels) if self.has_identity else None
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.deploy and self.identity_scale is not None:
+            return self.act(self.conv(x) + x * self.identity_scale)
+        return super().forward(x)
+
     def _forward_training(self, x):
         y = self.rbr_dense(x) + self.rbr_1x1(x)
         return y if self.rbr_identity is None else y + self.rbr_identity(x)
 
-    def _fused(self, dtype):
+    def _fused(self, dtype, identity: bool = True):
         kernel, bias = _fold_bn(self.rbr_dense.conv.weight, self.rbr_dense.bn, dtype)
         k1, b1 = _fold_bn(self.rbr_1x1.conv.weight, self.rbr_1x1.bn, dtype)
         kernel, bias = kernel + centre_tap(k1), bias + b1
-        if self.rbr_identity is not None:
+        if identity and self.rbr_identity is not None:
             ki, bi = _fold_bn(identity_kernel(self.out_channels, kernel), self.rbr_identity, dtype)
             kernel, bias = kernel + ki, bias + bi
         return kernel, bias
+
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        """``policy.identity_apart``: ``act(conv(x) + x * s)``, the identity BN's scale ``s``
+        apart and its shift in the bias."""
+        if not (policy.identity_apart and self.rbr_identity is not None):
+            return super()._fold_tensors(dtype, policy)
+        kernel, bias = self._fused(dtype, identity=False)
+        scale, shift = batchnorm_affine(self.rbr_identity, dtype)
+        return {
+            'conv.weight': kernel,
+            'conv.bias': bias + shift,
+            'identity_scale': scale.view(1, -1, 1, 1),
+        }
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        super()._apply_fold(tensors, policy)  # drops every buffer
+        scale = tensors.get('identity_scale')
+        self.register_buffer('identity_scale', None if scale is None else torch.empty_like(scale))

@@ -1,0 +1,184 @@
+"""The base of every foldable module: it owns the fold, a subclass says only what folds to what.
+
+:meth:`Reparameterizable.reparameterize` is the one fold every foldable module runs (see
+``docs/folding_protocol.md``): refuse training mode and every ``fold_problems()`` of the module
+and its descendants before anything changes; fold the descendants, deepest first; compute the
+module's own folded tensors in float64 (:meth:`~Reparameterizable._fold_tensors`), refuse them
+unless finite in the module's dtype, build the folded form
+(:meth:`~Reparameterizable._apply_fold`) and write the tensors into it by state-dict name; set
+``deploy``; undo everything if any step raises. The base also owns the load check
+(:meth:`~Reparameterizable._load_from_state_dict`): a checkpoint of the other form is refused.
+"""
+
+import itertools
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..errors import CheckpointError, FoldError
+from .arithmetic import fold_dtype
+from .checks import all_or_nothing, check_foldable
+
+
+@dataclass(frozen=True)
+class FoldPolicy:
+    """Options of a fold, where a module can fold in more than one exact way.
+
+    ``identity_apart``: keep identity shortcuts out of the weights. RepVGG layers fold into
+    ``act(conv(x) + x * s)`` (not ``s`` on the kernel's diagonal centre taps), channel-idle
+    FFNs whose pre-norm folds add ``r * x`` after their matrices (not ``diag(r)`` in
+    ``in_proj``): one elementwise op more, but weights of ~0.1 no longer share an 8-bit range
+    with an identity of ~1 (what INT8 needs, :mod:`mmrepa.integrations.quantize`).
+    """
+
+    identity_apart: bool = False
+
+
+class Reparameterizable:
+    """Base (a mixin before :class:`torch.nn.Module`) of every module with a folded form.
+
+    A subclass sets ``deploy`` in ``__init__`` (``True``: build the folded form directly),
+    declares ``fold_state_keys = (folded_key, unfolded_key)`` if the two forms have different
+    state dicts, may list ``fold_problems()``, and implements two hooks:
+
+    - :meth:`_fold_tensors`: the folded tensors, by their state-dict names in the folded
+      form, computed in ``dtype`` (float64) from the unfolded module; changes nothing;
+    - :meth:`_apply_fold`: turn the module into its folded structure (drop the training
+      layers, create the folded ones, best with the builder ``deploy=True`` uses); the base
+      then copies the tensors in.
+
+    It does not override :meth:`reparameterize` (refused at class creation).
+    """
+
+    deploy: bool = False
+    fold_state_keys: Optional[Tuple[str, str]] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if 'reparameterize' in cls.__dict__:
+            raise TypeError(
+                f'{cls.__qualname__} overrides reparameterize(), which Reparameterizable owns: '
+                'implement _fold_tensors() and _apply_fold() instead (docs/folding_protocol.md)'
+            )
+
+    # -- what a subclass writes
+
+    def fold_problems(self):
+        """Why this module (not its descendants, which answer for themselves) cannot be
+        folded as it is, one reason per entry; ``[]`` if it can. Reads only. Training mode is
+        checked for every module alike and is not listed here."""
+        return []
+
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> Dict[str, torch.Tensor]:
+        """``{name in the folded state dict: tensor in dtype}``; ``{}``: nothing of its own."""
+        return {}
+
+    def _apply_fold(self, tensors: Dict[str, torch.Tensor], policy: FoldPolicy) -> None:
+        """Build the folded structure; ``tensors`` (cast to the module's dtype) go in after."""
+
+    # -- what the base does
+
+    def reparameterize(self, policy: Optional[FoldPolicy] = None) -> None:
+        """Fold in place by ``policy`` (default: the plain fold), all or nothing; idempotent.
+        Raises :class:`FoldError` (one line naming the module) before changing anything if
+        a module is in training mode or reports a fold problem."""
+        if self.deploy:
+            return
+        policy = policy or FoldPolicy()
+        check_foldable(self)
+        from .protocol import fold_submodules  # the walk imports this module
+
+        with all_or_nothing(self), torch.no_grad():
+            fold_submodules(self, policy)
+            like = next(itertools.chain(self.parameters(), self.buffers()), None)
+            tensors = {}
+            if like is not None:
+                computed = self._fold_tensors(fold_dtype(like), policy)
+                tensors = {k: self._checked_cast(k, t, like) for k, t in computed.items()}
+            self._apply_fold(tensors, policy)
+            state = dict(itertools.chain(self.named_parameters(), self.named_buffers()))
+            for name, value in tensors.items():
+                if name not in state:
+                    raise FoldError(
+                        f'{type(self).__name__}._apply_fold() built no {name} for the folded '
+                        'tensor of that name: create it there (or drop it from _fold_tensors)'
+                    )
+                state[name].copy_(value)
+            self.deploy = True
+
+    def _checked_cast(self, name: str, value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        # a copy: a computed tensor may be a live parameter (``.to`` of a float64 model
+        # returns it), which writing an earlier tensor would change
+        value = value.to(device=like.device, dtype=like.dtype, copy=True)
+        if not torch.isfinite(value).all():
+            raise FoldError(
+                f'the folded {name} of {type(self).__name__} is not finite in {like.dtype} '
+                '(NaN or inf): the weights it is computed from are, or it overflows the dtype; '
+                'check the checkpoint, or fold in a wider dtype'
+            )
+        return value
+
+    def check_foldable(self) -> None:
+        """Raise :class:`FoldError` if :meth:`reparameterize` would refuse (training mode,
+        a problem of this module or a descendant); changes nothing."""
+        check_foldable(self)
+
+    def switch_to_deploy(self, policy: Optional[FoldPolicy] = None) -> None:
+        """:meth:`reparameterize` under the name mmpretrain's converter, mmyolo-style
+        utilities and mmdeploy call. Those callers may not have called ``eval()`` yet (mmdeploy
+        folds right after loading the checkpoint), so the fold runs in eval mode, reading the
+        BatchNorm running statistics as ``reparameterize`` does, and every module gets its
+        training flag back afterwards."""
+        modes = {module: module.training for module in self.modules()}
+        self.eval()
+        try:
+            self.reparameterize(policy)
+        finally:
+
+            def restore(module, inherited):  # a module the fold created takes its parent's
+                module.training = modes.get(module, inherited)
+                for child in module.children():
+                    restore(child, module.training)
+
+            restore(self, modes[self])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # every load path (load_state_dict, mmengine's load_checkpoint for load_from, resume,
+        # tools/test.py) passes here: the other form is refused, not loaded as missing keys
+        check_fold_state(state_dict, prefix, self)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def check_fold_state(state_dict: dict, prefix: str, module: nn.Module) -> None:
+    """Refuse to load the other form of a module's weights: ``module.fold_state_keys =
+    (folded_key, unfolded_key)`` are keys only its folded and only its unfolded state dict
+    have (nothing to check without them)."""
+    keys = getattr(module, 'fold_state_keys', None)
+    if not keys:
+        return
+    folded_key, unfolded_key = keys
+    has_folded = prefix + folded_key in state_dict
+    has_unfolded = prefix + unfolded_key in state_dict
+    where = prefix[:-1] or type(module).__name__
+    if module.deploy and has_unfolded and not has_folded:
+        raise CheckpointError(
+            f'{where}: the checkpoint holds unfolded weights ({prefix}{unfolded_key}) but '
+            f'the model was built folded (deploy=True). Build it with deploy=False and fold after '
+            f'loading, or fold the checkpoint first with tools/reparameterize.py.'
+        )
+    if not module.deploy and has_folded and not has_unfolded:
+        raise CheckpointError(
+            f'{where}: the checkpoint holds folded weights ({prefix}{folded_key}), written '
+            f'by reparameterize, but the model was built unfolded. Build it with deploy=True '
+            f'(for a config: --cfg-options model.backbone.deploy=True).'
+        )
+
+
+def check_fold_states(model: nn.Module, state_dict: dict) -> None:
+    """:func:`check_fold_state` for every submodule of ``model`` (``state_dict`` in
+    ``model``'s names) at once: a loader that accounts for missing keys before loading calls
+    this first, so the other form is named as such rather than as missing keys."""
+    for name, module in model.named_modules():
+        check_fold_state(state_dict, f'{name}.' if name else '', module)
