@@ -93,7 +93,7 @@ def lambdas(model):
 
 
 def host_lambdas(model):
-    return [m._join_lambda for m in model.modules() if hasattr(m, 'join_lambda')]
+    return [m.scheduled_value for m in model.modules() if hasattr(m, 'join_lambda')]
 
 
 def run_iter(hook, runner, it):
@@ -295,7 +295,7 @@ def run_runner(work_dir, max_iters, resume=False):
     class Record(BranchJoinScheduleHook):
         def before_train_iter(self, runner, batch_idx, data_batch=None):
             super().before_train_iter(runner, batch_idx, data_batch)
-            lambdas_seen.append((runner.iter, runner.model.net.block.attn._join_lambda))
+            lambdas_seen.append((runner.iter, runner.model.net.block.attn.scheduled_value))
 
     runner = Runner(
         model=Model(),

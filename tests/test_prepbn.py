@@ -84,7 +84,7 @@ def test_prepbn_lambda_is_module_state():
     other = PRepBN(4)
     other.load_state_dict(state)
     assert other.current_lambda == 0.25 and float(copy.deepcopy(other).lam) == 0.25
-    with pytest.raises(ValueError, match=r'lambda must be in \[0, 1\], got 1.5'):
+    with pytest.raises(ValueError, match=r'PRepBN: lam must be in \[0, 1\], got 1.5'):
         norm.set_lambda(1.5)
 
 
