@@ -142,6 +142,19 @@ def test_hook_unwraps_ddp_and_sets_each_block_once(monkeypatch):
     assert lambdas(model) == [0.5] * 4
 
 
+def test_hook_unwraps_a_registered_model_wrapper_for_layer_names():
+    """mmengine's ``is_model_wrapper`` decides (DataParallel stands in for DDP on the CPU):
+    the end-of-training warning names the layer as in the bare model."""
+    model = TinyJoined()
+    runner = fake_runner(nn.DataParallel(model), max_iters=20)
+    hook = BranchJoinScheduleHook(end_iter=10)
+    hook.before_train(runner)
+    run_iter(hook, runner, 5)
+    hook.after_train(runner)
+    (warning,) = runner.log.warnings()
+    assert ' blocks.0 ' in warning and 'module.' not in warning
+
+
 def test_ratios_of_max_iters():
     model = TinyJoined()
     runner = fake_runner(model, max_iters=100)

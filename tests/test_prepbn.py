@@ -109,7 +109,7 @@ def test_schedule_values():
         (dict(), 'exactly one of decay_iters'),
         (dict(decay_iters=3, decay_ratio=0.5), 'exactly one of decay_iters'),
         (dict(decay_ratio=1.5), r'decay_ratio must be in \[0, 1\]'),
-        (dict(warmup_iters=-1, decay_iters=3), 'must be >= 0'),
+        (dict(warmup_iters=-1, decay_iters=3), 'warmup_iters must be an integer >= 0'),
     ],
 )
 def test_schedule_hook_options_say_what_is_wrong(kwargs, message):
