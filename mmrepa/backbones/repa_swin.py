@@ -27,6 +27,7 @@ from ..layers import (
     checkpoint_forward,
     shifted_window_mask,
 )
+from ..options import check_int, per_stage
 from ..registry import build_norm_layer
 from .base import DenseBackbone, lookup_arch, trunc_normal_init_
 
@@ -119,18 +120,6 @@ def _translate_mmdet_swin_args(
         )
         init_cfg = dict(type='Pretrained', checkpoint=pretrained)
     return init_cfg
-
-
-def per_stage(value, num_stages: int, name: str) -> list:
-    """A scalar for every stage, or a sequence with one value per stage."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != num_stages:
-            raise ConfigError(
-                f'{name} has {len(value)} entries but the arch has {num_stages} '
-                f'stages; give one value or one per stage'
-            )
-        return list(value)
-    return [value] * num_stages
 
 
 class RePaSwinBlock(Reparameterizable, BaseModule):
@@ -360,8 +349,7 @@ class RePaSwin(DenseBackbone):
         self.embed_dims = arch['embed_dims']
         depths, num_heads = arch['depths'], arch['num_heads']
         self.num_features = [self.embed_dims * 2**i for i in range(len(depths))]
-        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-            raise ConfigError(f'window_size must be an integer >= 1, got {window_size!r}')
+        check_int(window_size, 'window_size')
         self.in_channels = in_channels
         self.patch_size = patch_size
         self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)

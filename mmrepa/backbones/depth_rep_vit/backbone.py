@@ -21,6 +21,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from ...checkpoint.loading import LoadReport, strip_prefixes
 from ...errors import CheckpointError, ConfigError
 from ...layers import FoldablePatchEmbed, checkpoint_forward
+from ...options import is_int_at_least
 from ..base import DenseBackbone, lookup_arch
 from .join import JoinedBlock, stack_attention_branches, stack_ffn_branches
 
@@ -50,7 +51,7 @@ def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Option
             f'L / n; the arch has L = {num_layers} layers)'
         )
     if depth is not None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1 or num_layers % depth:
+        if not is_int_at_least(depth, 1) or num_layers % depth:
             divisors = [k for k in range(1, num_layers + 1) if num_layers % k == 0]
             raise ConfigError(
                 f"depth={depth!r} does not divide the arch's {num_layers} layers "
@@ -63,12 +64,7 @@ def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Option
                 f'({num_layers} layers / {depth} = {n} branches); give only one'
             )
         return n
-    if (
-        isinstance(num_branches, bool)
-        or not isinstance(num_branches, int)
-        or num_branches < 1
-        or num_layers % num_branches
-    ):
+    if not is_int_at_least(num_branches, 1) or num_layers % num_branches:
         divisors = [k for k in range(1, num_layers + 1) if num_layers % k == 0]
         raise ConfigError(
             f"num_branches={num_branches!r} does not divide the arch's "

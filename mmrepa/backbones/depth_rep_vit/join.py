@@ -34,8 +34,8 @@ from mmengine.model.weight_init import trunc_normal_
 from ...errors import ConfigError
 from ...fold import Reparameterizable, check_fold_state, fold_dtype
 from ...layers.scheduled import ScheduledScalar
-from ...layers.window_attention import window_partition, window_reverse
-from ...options import check_unit_interval
+from ...layers.window_attention import attend_in_windows
+from ...options import check_int, check_unit_interval
 from ...registry import MODELS, build_activation_layer, build_norm_layer
 
 JOIN_MODES = ('logits', 'qkv')
@@ -343,8 +343,7 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
                 f"join must be 'logits' (the paper's network) or 'qkv' (mmrepa's "
                 f'standard-shape extension), got {join!r}'
             )
-        if isinstance(num_branches, bool) or not isinstance(num_branches, int) or num_branches < 1:
-            raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
+        check_int(num_branches, 'num_branches')
         if embed_dims % num_heads:
             raise ConfigError(
                 f'embed_dims ({embed_dims}) must be a multiple of num_heads ({num_heads})'
@@ -575,8 +574,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if isinstance(num_branches, bool) or not isinstance(num_branches, int) or num_branches < 1:
-            raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
+        check_int(num_branches, 'num_branches')
         self.embed_dims, self.num_branches = embed_dims, num_branches
         self.hidden_dims = int(round(mlp_ratio * embed_dims))
         self.act = build_activation_layer(act_cfg)
@@ -743,13 +741,7 @@ class JoinedBlock(Reparameterizable, BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if window_size is not None and (
-            isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
-        ):
-            raise ConfigError(
-                f'window_size must be an integer >= 1 or None (global attention), '
-                f'got {window_size!r}'
-            )
+        check_int(window_size, 'window_size', none_means='global attention')
         self.embed_dims, self.num_branches, self.join = embed_dims, num_branches, join
         self.window_size = window_size
         self.deploy = deploy
@@ -804,21 +796,10 @@ class JoinedBlock(Reparameterizable, BaseModule):
                 f'a windowed JoinedBlock needs hw_shape=(H, W) with H * W = N = {N} '
                 f'(patch tokens only, no class token); got hw_shape={hw_shape}'
             )
-        H, W = hw_shape
-        ws = self.window_size
-        if H <= ws and W <= ws:  # one window: global attention, no padding
-            return self.attn(u)
-        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
-        u = F.pad(u.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
-        mask = None
-        if (Hp, Wp) != (H, W):
-            # Padding tokens are zeros after the LN (which is not folded), but are masked as
-            # keys anyway: no window may depend on how much padding it got.
-            valid = torch.zeros(1, Hp, Wp, 1, dtype=torch.bool, device=u.device)
-            valid[:, :H, :W] = True
-            mask = window_partition(valid, ws).view(-1, 1, 1, ws * ws).repeat(B, 1, 1, 1)
-        out = self.attn(window_partition(u, ws), mask)
-        return window_reverse(out, ws, Hp, Wp)[:, :H, :W].reshape(B, N, C)
+        # Padding tokens are zeros after the LN (which is not folded), but are masked as keys
+        # anyway: no window may depend on how much padding it got.
+        out = attend_in_windows(self.attn, u.view(B, *hw_shape, C), self.window_size)
+        return out.reshape(B, N, C)
 
     def reparameterize(self) -> None:
         """Fold both sub-layers (in place, float64, idempotent). Refuses with a
