@@ -32,7 +32,7 @@ from ..layers import (
 )
 from ..options import is_int_at_least, per_stage
 from ..registry import build_activation_layer, build_norm_layer
-from .base import DenseBackbone, lookup_arch, trunc_normal_init_
+from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -284,9 +284,7 @@ class MetaFormer(DenseBackbone):
                 )
 
         self.stem = Stem(in_channels, self.num_features[0])
-        # linear from 0 to drop_path_rate over all blocks (plain Python: works on any device)
-        n = sum(depths)
-        dpr = [drop_path_rate * k / max(n - 1, 1) for k in range(n)]
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         self.stages = ModuleList()
         for i, depth in enumerate(depths):
             dims = self.num_features[i]

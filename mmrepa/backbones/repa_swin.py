@@ -11,7 +11,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
@@ -29,7 +28,7 @@ from ..layers import (
 )
 from ..options import check_int, per_stage
 from ..registry import build_norm_layer
-from .base import DenseBackbone, lookup_arch, trunc_normal_init_
+from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
 # embed_dims, depths, num_heads of the published Swin variants.
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -386,7 +385,7 @@ class RePaSwin(DenseBackbone):
             deploy=deploy,
         )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         self.stages = ModuleList()
         for i, depth in enumerate(depths):
             dims = self.num_features[i]
@@ -524,10 +523,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: RePaSwin) -
 
 
 def _resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    (L1, heads), (L2, heads2) = table.shape, shape
+    (_, heads), (L2, heads2) = table.shape, shape
     if heads != heads2:
         return table  # reported as a shape mismatch by the loader
-    S1, S2 = math.isqrt(L1), math.isqrt(L2)
-    grid = table.t().reshape(1, heads, S1, S1).float()
-    resized = F.interpolate(grid, size=(S2, S2), mode='bicubic', align_corners=False)
-    return resized.reshape(heads, L2).t().to(table.dtype).contiguous()
+    # timm's bicubic resize (align_corners=False) of the (2·ws − 1)² grid; imported here, on
+    # this rare path, because importing timm takes seconds
+    from timm.layers import resize_rel_pos_bias_table_simple
+
+    window = (math.isqrt(L2) + 1) // 2
+    resized = resize_rel_pos_bias_table_simple(table.float(), (window, window), tuple(shape))
+    return resized.to(table.dtype).contiguous()

@@ -22,7 +22,7 @@ from ...checkpoint.loading import LoadReport, strip_prefixes
 from ...errors import CheckpointError, ConfigError
 from ...layers import FoldablePatchEmbed, checkpoint_forward
 from ...options import is_int_at_least
-from ..base import DenseBackbone, lookup_arch
+from ..base import DenseBackbone, drop_path_rates, lookup_arch
 from .join import JoinedBlock, stack_attention_branches, stack_ffn_branches
 
 # Width, depth L of the original (sequential) ViT, heads. 'tiny' is the paper's (MAE-Lite's)
@@ -81,7 +81,10 @@ def resize_pos_embed(
     num_extra_tokens: int = 0,
 ) -> torch.Tensor:
     """(1, extra + Hs·Ws, C) -> (1, extra + Hd·Wd, C): the patch grid resized with
-    ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept."""
+    ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept.
+
+    Not mmpretrain's ``resize_pos_embed`` nor timm's ``resample_abs_pos_embed``: both resize in
+    float32, which would cut a float64 model's forward (the fold checks) to float32."""
     if tuple(src_shape) == tuple(dst_shape):
         return pos_embed
     extra, grid = pos_embed[:, :num_extra_tokens], pos_embed[:, num_extra_tokens:]
@@ -248,7 +251,7 @@ class DepthRepViT(DenseBackbone):
             torch.zeros(1, self.num_extra_tokens + num_patches, self.embed_dims)
         )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, self.depth).tolist()
+        dpr = drop_path_rates(drop_path_rate, self.depth)
         self.stages = ModuleList(
             [
                 JoinedBlock(
