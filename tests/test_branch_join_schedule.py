@@ -93,7 +93,7 @@ def lambdas(model):
 
 
 def host_lambdas(model):
-    return [m._join_lambda for m in model.modules() if hasattr(m, 'join_lambda')]
+    return [m.scheduled_value for m in model.modules() if hasattr(m, 'join_lambda')]
 
 
 def run_iter(hook, runner, it):
@@ -140,6 +140,19 @@ def test_hook_unwraps_ddp_and_sets_each_block_once(monkeypatch):
     assert calls.count('JoinedBlock') == 2
     assert calls.count('JoinedAttention') == 2 and calls.count('JoinedFFN') == 2  # via blocks
     assert lambdas(model) == [0.5] * 4
+
+
+def test_hook_unwraps_a_registered_model_wrapper_for_layer_names():
+    """mmengine's ``is_model_wrapper`` decides (DataParallel stands in for DDP on the CPU):
+    the end-of-training warning names the layer as in the bare model."""
+    model = TinyJoined()
+    runner = fake_runner(nn.DataParallel(model), max_iters=20)
+    hook = BranchJoinScheduleHook(end_iter=10)
+    hook.before_train(runner)
+    run_iter(hook, runner, 5)
+    hook.after_train(runner)
+    (warning,) = runner.log.warnings()
+    assert ' blocks.0 ' in warning and 'module.' not in warning
 
 
 def test_ratios_of_max_iters():
@@ -295,7 +308,7 @@ def run_runner(work_dir, max_iters, resume=False):
     class Record(BranchJoinScheduleHook):
         def before_train_iter(self, runner, batch_idx, data_batch=None):
             super().before_train_iter(runner, batch_idx, data_batch)
-            lambdas_seen.append((runner.iter, runner.model.net.block.attn._join_lambda))
+            lambdas_seen.append((runner.iter, runner.model.net.block.attn.scheduled_value))
 
     runner = Runner(
         model=Model(),

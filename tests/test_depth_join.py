@@ -540,7 +540,7 @@ def test_lambda_is_saved_and_restored():
     blk = block(lam=0.25)
     restored = block(lam=0.0, seed=1)
     restored.load_state_dict(blk.state_dict())
-    assert restored.current_join_lambda == restored.mlp._join_lambda == 0.25
+    assert restored.current_join_lambda == restored.mlp.scheduled_value == 0.25
     x = torch.randn(1, 4, 12, dtype=F64)
     assert torch.equal(restored.train()(x), blk.train()(x))
     with pytest.raises(ValueError, match=r'\[0, 1\]'):

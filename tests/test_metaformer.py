@@ -419,7 +419,7 @@ def test_init_weights_follow_timm():
             'needs 4 depths and 4 dims',
         ),
         (ConvFormer, dict(idle_ratio=1.5), r'idle_ratio must be in \[0, 1\]'),
-        (ConvFormer, dict(idle_ratio=[0.5, 0.5]), 'idle_ratio has 2 entries but the model has 4'),
+        (ConvFormer, dict(idle_ratio=[0.5, 0.5]), 'idle_ratio has 2 entries but the arch has 4'),
         (ConvFormer, dict(out_indices=(4,)), r'out_indices .* \[0, 3\]'),
         (ConvFormer, dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\]'),
         (CAFormer, dict(window_size=0), 'window_size must be None .* or an integer >= 1'),

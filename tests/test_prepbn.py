@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrepa import reparameterize
+from mmrepa.backbones.repa_swin import RePaSwinBlock
 from mmrepa.engine.hooks.prepbn_schedule_hook import PRepBNScheduleHook, prepbn_lambda
 from mmrepa.fold import norm_affine
 from mmrepa.layers import (
@@ -84,7 +85,7 @@ def test_prepbn_lambda_is_module_state():
     other = PRepBN(4)
     other.load_state_dict(state)
     assert other.current_lambda == 0.25 and float(copy.deepcopy(other).lam) == 0.25
-    with pytest.raises(ValueError, match=r'lambda must be in \[0, 1\], got 1.5'):
+    with pytest.raises(ValueError, match=r'PRepBN: lam must be in \[0, 1\], got 1.5'):
         norm.set_lambda(1.5)
 
 
@@ -109,7 +110,7 @@ def test_schedule_values():
         (dict(), 'exactly one of decay_iters'),
         (dict(decay_iters=3, decay_ratio=0.5), 'exactly one of decay_iters'),
         (dict(decay_ratio=1.5), r'decay_ratio must be in \[0, 1\]'),
-        (dict(warmup_iters=-1, decay_iters=3), 'must be >= 0'),
+        (dict(warmup_iters=-1, decay_iters=3), 'warmup_iters must be an integer >= 0'),
     ],
 )
 def test_schedule_hook_options_say_what_is_wrong(kwargs, message):
@@ -160,43 +161,55 @@ def test_patch_merging_fold_gives_the_reduction_a_bias():
     assert max_abs_diff(merge(x, (7, 9))[0], ref) <= 1e-10
 
 
-def _norm_then_attention(attn_type, shift, dtype):
-    norm = prepbn(8, 0.5, dtype).eval()
-    attn = ShiftWindowMSA(8, 2, window_size=4, shift_size=2 if shift else 0, attn_type=attn_type)
-    return norm, randomize_(attn).to(dtype).eval()
+def _norm_then_attention(attn_type, shift, dtype, qkv_bias=True):
+    """A Swin block whose ``norm1`` is a PRepBN: its fold puts the norm into ``attn``."""
+    block = RePaSwinBlock(
+        8,
+        2,
+        4,
+        shift=shift,
+        ffn_cfg=dict(idle_ratio=0.5),
+        qkv_bias=qkv_bias,
+        norm_cfg=dict(type='BN1d'),
+        attn_type=attn_type,
+    )
+    block = randomize_(block).to(dtype).eval()
+    block.norm1 = prepbn(8, 0.5, dtype).eval()
+    return block
 
 
 @pytest.mark.parametrize('attn_type', ['S', 'L'])
 @pytest.mark.parametrize('shift', [False, True])
 def test_attention_fold_is_exact_where_windows_pad(attn_type, shift):
-    norm, attn = _norm_then_attention(attn_type, shift, torch.float64)
+    block = _norm_then_attention(attn_type, shift, torch.float64)
     hw = (9, 6)  # padded to 12 x 8: a third of the windows' tokens are padding
     x = torch.randn(2, 9 * 6, 8, dtype=torch.float64)
-    ref = attn(norm(x), hw)
-    attn.fold_input_affine(*norm_affine(norm, torch.float64))
-    assert max_abs_diff(attn(x, hw), ref) <= 1e-10
+    ref = block.attn(block.norm1(x), hw)
+    block.reparameterize()
+    assert block.norm1 is None
+    assert max_abs_diff(block.attn(x, hw), ref) <= 1e-10
     # the trap of SPEC §2: padding the folded map with zero tokens (qkv of 0 = the folded bias)
-    attn.padded_qkv = None
-    assert max_abs_diff(attn(x, hw), ref) > 1e-3
+    block.attn.padded_qkv = None
+    assert max_abs_diff(block.attn(x, hw), ref) > 1e-3
 
 
 @pytest.mark.parametrize('attn_type', ['S', 'L'])
 def test_attention_fold_is_close_in_float32(attn_type):
-    norm, attn = _norm_then_attention(attn_type, True, torch.float32)
+    block = _norm_then_attention(attn_type, True, torch.float32)
     x = torch.randn(2, 9 * 6, 8)
-    ref = attn(norm(x), (9, 6))
-    attn.fold_input_affine(*norm_affine(norm, torch.float64))
-    torch.testing.assert_close(attn(x, (9, 6)), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    ref = block.attn(block.norm1(x), (9, 6))
+    block.reparameterize()
+    out = block.attn(x, (9, 6))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
 def test_attention_fold_adds_a_qkv_bias_when_there_was_none():
-    norm = prepbn(8, 0.5).eval()
-    attn = randomize_(ShiftWindowMSA(8, 2, window_size=4, qkv_bias=False)).double().eval()
+    block = _norm_then_attention('S', False, torch.float64, qkv_bias=False)
     x = torch.randn(1, 5 * 7, 8, dtype=torch.float64)
-    ref = attn(norm(x), (5, 7))
-    attn.fold_input_affine(*norm_affine(norm, torch.float64))
-    assert attn.w_msa.qkv.bias is not None
-    assert max_abs_diff(attn(x, (5, 7)), ref) <= 1e-10
+    ref = block.attn(block.norm1(x), (5, 7))
+    block.reparameterize()
+    assert block.attn.w_msa.qkv.bias is not None
+    assert max_abs_diff(block.attn(x, (5, 7)), ref) <= 1e-10
 
 
 # ---- simplified linear attention ------------------------------------------------------------

@@ -37,6 +37,13 @@ def lookup_arch(
     return dict(arch)
 
 
+def drop_path_rates(drop_path_rate: float, num_blocks: int) -> List[float]:
+    """Stochastic depth rising linearly from 0 to ``drop_path_rate`` over the blocks: the values
+    of timm's ``calculate_drop_path_rates`` (a float32 linspace on the CPU, whatever the
+    default device), without importing timm (seconds) when a model is built."""
+    return torch.linspace(0, drop_path_rate, num_blocks, device='cpu').tolist()
+
+
 class DenseBackbone(Reparameterizable, BaseModule):
     """Base of the backbones: ``out_indices`` with one output norm each, ``frozen_stages``,
     ``norm_eval``, ``deploy``, pretrained loading and the fold protocol.

@@ -30,8 +30,9 @@ from ..layers import (
     checkpoint_forward,
     num_active_channels,
 )
+from ..options import is_int_at_least, per_stage
 from ..registry import build_activation_layer, build_norm_layer
-from .base import DenseBackbone, lookup_arch, trunc_normal_init_
+from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
 # depths and dims of the published variants (the paper's Table II; timm's metaformer.py).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -60,17 +61,6 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
             f'per stage) and no other key, got {arch}'
         )
     return dict(depths=tuple(arch['depths']), dims=tuple(arch['dims']))
-
-
-def _per_stage(value, name: str) -> list:
-    if isinstance(value, (list, tuple)):
-        if len(value) != NUM_STAGES:
-            raise ConfigError(
-                f'{name} has {len(value)} entries but the model has {NUM_STAGES} '
-                'stages; give one value or one per stage'
-            )
-        return list(value)
-    return [value] * NUM_STAGES
 
 
 def _layer_norm_no_bias(dims: int) -> nn.Module:
@@ -277,7 +267,7 @@ class MetaFormer(DenseBackbone):
         depths, self.num_features = arch['depths'], list(arch['dims'])
         self.in_channels = in_channels
         self._check_options(NUM_STAGES, out_indices, frozen_stages, norm_eval, deploy)
-        self.idle_ratios = _per_stage(idle_ratio, 'idle_ratio')
+        self.idle_ratios = per_stage(idle_ratio, NUM_STAGES, 'idle_ratio')
         for r in self.idle_ratios:
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
                 raise ConfigError(
@@ -286,9 +276,7 @@ class MetaFormer(DenseBackbone):
                 )
 
         self.stem = Stem(in_channels, self.num_features[0])
-        # linear from 0 to drop_path_rate over all blocks (plain Python: works on any device)
-        n = sum(depths)
-        dpr = [drop_path_rate * k / max(n - 1, 1) for k in range(n)]
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         self.stages = ModuleList()
         for i, depth in enumerate(depths):
             dims = self.num_features[i]
@@ -338,7 +326,7 @@ class MetaFormer(DenseBackbone):
 
 
 def _window_sizes(window_size, token_mixers) -> list:
-    sizes = _per_stage(window_size, 'window_size')
+    sizes = per_stage(window_size, NUM_STAGES, 'window_size')
     for i, (size, mixer) in enumerate(zip(sizes, token_mixers)):
         if mixer != 'attn':
             if isinstance(window_size, (list, tuple)) and size is not None:
@@ -347,7 +335,7 @@ def _window_sizes(window_size, token_mixers) -> list:
                     f'attention (SepConv); give None there'
                 )
             sizes[i] = None
-        elif size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        elif size is not None and not is_int_at_least(size, 1):
             raise ConfigError(
                 f'window_size must be None (global attention) or an integer >= 1, '
                 f'one value or one per stage; got {window_size!r}'

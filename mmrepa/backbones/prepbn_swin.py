@@ -9,7 +9,6 @@ import re
 from typing import Dict, List, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
@@ -179,10 +178,15 @@ def prepbn_checkpoint_filter_fn(
 
 
 def _resize_positional_encoding(pe: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    (_, N1, C), (_, N2, C2) = pe.shape, shape
+    (_, _, C), (_, N2, C2) = pe.shape, shape
     if C != C2:
         return pe  # reported as a shape mismatch by the loader
-    S1, S2 = round(N1**0.5), round(N2**0.5)
-    grid = pe.reshape(1, S1, S1, C).permute(0, 3, 1, 2).float()
-    resized = F.interpolate(grid, size=(S2, S2), mode='bicubic', align_corners=False)
-    return resized.permute(0, 2, 3, 1).reshape(1, N2, C).to(pe.dtype).contiguous()
+    # timm's resize with the old behaviour: no antialias (it would change a down-size) and
+    # align_corners=False; imported here, on this rare path, because importing timm takes seconds
+    from timm.layers import resample_abs_pos_embed
+
+    side = round(N2**0.5)
+    resized = resample_abs_pos_embed(
+        pe.float(), (side, side), num_prefix_tokens=0, antialias=False, align_corners=False
+    )
+    return resized.to(pe.dtype).contiguous()

@@ -11,7 +11,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
@@ -27,8 +26,9 @@ from ..layers import (
     checkpoint_forward,
     shifted_window_mask,
 )
+from ..options import check_int, per_stage
 from ..registry import build_norm_layer
-from .base import DenseBackbone, lookup_arch, trunc_normal_init_
+from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
 # embed_dims, depths, num_heads of the published Swin variants.
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -119,18 +119,6 @@ def _translate_mmdet_swin_args(
         )
         init_cfg = dict(type='Pretrained', checkpoint=pretrained)
     return init_cfg
-
-
-def per_stage(value, num_stages: int, name: str) -> list:
-    """A scalar for every stage, or a sequence with one value per stage."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != num_stages:
-            raise ConfigError(
-                f'{name} has {len(value)} entries but the arch has {num_stages} '
-                f'stages; give one value or one per stage'
-            )
-        return list(value)
-    return [value] * num_stages
 
 
 class RePaSwinBlock(Reparameterizable, BaseModule):
@@ -378,8 +366,7 @@ class RePaSwin(DenseBackbone):
         self.embed_dims = arch['embed_dims']
         depths, num_heads = arch['depths'], arch['num_heads']
         self.num_features = [self.embed_dims * 2**i for i in range(len(depths))]
-        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-            raise ConfigError(f'window_size must be an integer >= 1, got {window_size!r}')
+        check_int(window_size, 'window_size')
         self.in_channels = in_channels
         self.patch_size = patch_size
         self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)
@@ -416,7 +403,7 @@ class RePaSwin(DenseBackbone):
             deploy=deploy,
         )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
         self.stages = ModuleList()
         for i, depth in enumerate(depths):
             dims = self.num_features[i]
@@ -554,10 +541,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: RePaSwin) -
 
 
 def _resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    (L1, heads), (L2, heads2) = table.shape, shape
+    (_, heads), (L2, heads2) = table.shape, shape
     if heads != heads2:
         return table  # reported as a shape mismatch by the loader
-    S1, S2 = math.isqrt(L1), math.isqrt(L2)
-    grid = table.t().reshape(1, heads, S1, S1).float()
-    resized = F.interpolate(grid, size=(S2, S2), mode='bicubic', align_corners=False)
-    return resized.reshape(heads, L2).t().to(table.dtype).contiguous()
+    # timm's bicubic resize (align_corners=False) of the (2·ws − 1)² grid; imported here, on
+    # this rare path, because importing timm takes seconds
+    from timm.layers import resize_rel_pos_bias_table_simple
+
+    window = (math.isqrt(L2) + 1) // 2
+    resized = resize_rel_pos_bias_table_simple(table.float(), (window, window), tuple(shape))
+    return resized.to(table.dtype).contiguous()

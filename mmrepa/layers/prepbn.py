@@ -5,9 +5,9 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from ..errors import ConfigError
 from ..fold import batchnorm_affine
 from ..registry import MODELS
+from .scheduled import ScheduledScalar
 
 
 @MODELS.register_module()
@@ -42,14 +42,14 @@ class RepBN(nn.Module):
 
 
 @MODELS.register_module()
-class PRepBN(nn.Module):
+class PRepBN(ScheduledScalar, nn.Module):
     """Progressive RepBN: ``lam * LN(x) + (1 - lam) * RepBN(x)`` while training.
 
-    ``lam`` (λ) is a buffer, so it is saved in the state dict and restored on resume; it is set
-    from outside with :meth:`set_lambda` (``PRepBNScheduleHook`` does it from the runner's
-    iteration), never by the forward pass, so gradient checkpointing, gradient accumulation and
-    extra forward calls do not move it. Once λ = 0 the LayerNorm branch is not computed. The
-    RepBN branch runs at every λ, so its running statistics track the features from the start.
+    λ is a :class:`~mmrepa.layers.scheduled.ScheduledScalar` (buffer ``lam`` plus a host copy):
+    saved in the state dict, restored on resume, set from outside with :meth:`set_lambda`
+    (``PRepBNScheduleHook`` does it from the runner's iteration), never by the forward pass.
+    Once λ = 0 the LayerNorm branch is not computed. The RepBN branch runs at every
+    λ, so its running statistics track the features from the start.
 
     In eval mode the layer is pure RepBN whatever λ is: an affine map that folds into the
     neighbouring Linear or conv (:meth:`eval_affine`).
@@ -63,34 +63,25 @@ class PRepBN(nn.Module):
     Input and output: (..., C).
     """
 
+    scheduled_name = 'lam'
+
     def __init__(
         self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, lam: float = 1.0
     ):
         super().__init__()
         self.ln = nn.LayerNorm(num_features, eps=eps)
         self.repbn = RepBN(num_features, eps=eps, momentum=momentum)
-        self.register_buffer('lam', torch.tensor(1.0))
-        self._lam = 1.0  # host copy: the forward pass branches on it without a device sync
-        self.set_lambda(lam)
+        self._init_scheduled(lam)
 
     @property
     def current_lambda(self) -> float:
-        return self._lam
+        return self.scheduled_value
 
     def set_lambda(self, value: float) -> None:
-        value = float(value)
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(f'PRepBN lambda must be in [0, 1], got {value}')
-        self._lam = value
-        with torch.no_grad():
-            self.lam.fill_(value)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._lam = float(self.lam)
+        self._set_scheduled(value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lam = self._lam
+        lam = self.scheduled_value
         if not self.training or lam == 0.0:
             return self.repbn(x)
         return lam * self.ln(x) + (1.0 - lam) * self.repbn(x)
@@ -100,4 +91,4 @@ class PRepBN(nn.Module):
         return self.repbn.eval_affine(dtype)
 
     def extra_repr(self) -> str:
-        return f'{self.ln.normalized_shape[0]}, lam={self._lam:g}'
+        return f'{self.ln.normalized_shape[0]}, lam={self.scheduled_value:g}'

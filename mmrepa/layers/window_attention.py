@@ -7,7 +7,7 @@ attention (:class:`~mmrepa.layers.SimplifiedLinearAttention`); both expose ``qkv
 ``proj_drop`` and ``attend(qkv_windows, mask)``.
 """
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -34,6 +34,38 @@ def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> t
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
 
 
+def padded_size(hw_shape: Tuple[int, int], window_size: int) -> Tuple[int, int]:
+    """(H, W) rounded up to whole windows."""
+    return tuple(-(-s // window_size) * window_size for s in hw_shape)
+
+
+def attend_in_windows(
+    attend: Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor],
+    x: torch.Tensor,
+    window_size: int,
+) -> torch.Tensor:
+    """``attend(windows, key_mask)`` in every window of ``x`` (B, H, W, C) -> (B, H, W, C).
+
+    ``windows`` is (B * nW, N, C). A map that fits in one window is attended whole, unpadded
+    (``key_mask`` None). Otherwise the map is padded at the bottom and right with zero tokens
+    to whole windows and ``key_mask`` (B * nW, 1, 1, N; True = real) lets every query of a
+    window see that window's real keys only, so no window depends on how much padding it got.
+    """
+    B, H, W, C = x.shape
+    ws = window_size
+    if H <= ws and W <= ws:
+        return attend(x.reshape(B, H * W, C), None).view(B, H, W, C)
+    Hp, Wp = padded_size((H, W), ws)
+    mask = None
+    if (Hp, Wp) != (H, W):
+        x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))
+        valid = torch.zeros(1, Hp, Wp, 1, dtype=torch.bool, device=x.device)
+        valid[:, :H, :W] = True
+        mask = window_partition(valid, ws).view(-1, 1, 1, ws * ws).repeat(B, 1, 1, 1)
+    out = attend(window_partition(x, ws), mask)
+    return window_reverse(out, ws, Hp, Wp)[:, :H, :W]
+
+
 class WindowLayout(NamedTuple):
     """Where each token of an (H, W) map goes when it is padded, shifted and split in windows.
 
@@ -52,7 +84,7 @@ def window_layout(
 ) -> WindowLayout:
     """One index gather replaces pad + roll + partition (and one the way back): on a CPU each of
     those is a full copy of the map, the roll two."""
-    Hp, Wp = (-(-s // window_size) * window_size for s in (H, W))
+    Hp, Wp = padded_size((H, W), window_size)
     # Every cell gets its own id, padding H * W onwards, so one scatter inverts the gather: no
     # boolean indexing or sorting, hence no value-dependent shapes (torch.compile traces it
     # without graph breaks) and only ops the ONNX exporter has.
@@ -246,8 +278,7 @@ class ShiftWindowMSA(BaseModule):
         self.drop = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
     def padded_shape(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
-        ws = self.window_size
-        return tuple(-(-s // ws) * ws for s in hw_shape)
+        return padded_size(hw_shape, self.window_size)
 
     @property
     def needs_mask(self) -> bool:

@@ -1,6 +1,5 @@
 """Multi-head self-attention over the whole token map or over windows (CAFormer's mixer)."""
 
-import math
 from typing import Optional
 
 import torch
@@ -8,9 +7,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.model import BaseModule
 
-from ..errors import ConfigError
+from ..options import check_int
 from ..registry import MODELS
-from .window_attention import window_partition, window_reverse
+from .window_attention import attend_in_windows
 
 
 @MODELS.register_module()
@@ -49,13 +48,7 @@ class WindowedSelfAttention(BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if window_size is not None and (
-            isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
-        ):
-            raise ConfigError(
-                f'window_size must be an integer >= 1 or None (global attention), '
-                f'got {window_size!r}'
-            )
+        check_int(window_size, 'window_size', none_means='global attention')
         self.head_dim = head_dim
         self.num_heads = num_heads or max(1, embed_dims // head_dim)
         self.window_size = window_size
@@ -64,20 +57,10 @@ class WindowedSelfAttention(BaseModule):
         self.proj = nn.Linear(attention_dims, embed_dims, bias=proj_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, C = x.shape
-        ws = self.window_size
-        if ws is None or (H <= ws and W <= ws):  # one window: global attention, no padding
+        if self.window_size is None:
+            B, H, W, C = x.shape
             return self._attend(x.reshape(B, H * W, C)).view(B, H, W, C)
-        Hp, Wp = math.ceil(H / ws) * ws, math.ceil(W / ws) * ws
-        mask = None
-        if (Hp, Wp) != (H, W):
-            x = F.pad(x, (0, 0, 0, Wp - W, 0, Hp - H))
-            valid = torch.zeros(1, Hp, Wp, 1, dtype=torch.bool, device=x.device)
-            valid[:, :H, :W] = True
-            # (B * nW, 1, 1, N): every query of a window sees that window's real keys only
-            mask = window_partition(valid, ws).view(-1, 1, 1, ws * ws).repeat(B, 1, 1, 1)
-        out = self._attend(window_partition(x, ws), mask)
-        return window_reverse(out, ws, Hp, Wp)[:, :H, :W]
+        return attend_in_windows(self._attend, x, self.window_size)
 
     def _attend(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x (G, N, C): attention within each of the G groups of N tokens."""

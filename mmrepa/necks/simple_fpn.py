@@ -15,6 +15,7 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 
 from ..errors import ConfigError, ConfigTypeError
+from ..options import is_int_at_least
 from ..registry import build_norm_layer, resolve_layer_type
 
 # Scale factors a level can have (relative to the input map) and the channel divisor of each.
@@ -77,7 +78,7 @@ class SimpleFPN(BaseModule):
         init_cfg: Optional[Union[dict, List[dict]]] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels <= 0:
+        if not is_int_at_least(in_channels, 1):
             raise ConfigTypeError(
                 f'SimpleFPN in_channels must be a positive int, the channels '
                 f"of the backbone's last map, got {in_channels!r}"

@@ -21,7 +21,8 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from ...checkpoint.loading import LoadReport, strip_prefixes
 from ...errors import CheckpointError, ConfigError
 from ...layers import FoldablePatchEmbed, checkpoint_forward
-from ..base import DenseBackbone, lookup_arch
+from ...options import is_int_at_least
+from ..base import DenseBackbone, drop_path_rates, lookup_arch
 from .join import JoinedBlock, stack_attention_branches, stack_ffn_branches
 
 # Width, depth L of the original (sequential) ViT, heads. 'tiny' is the paper's (MAE-Lite's)
@@ -50,7 +51,7 @@ def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Option
             f'L / n; the arch has L = {num_layers} layers)'
         )
     if depth is not None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1 or num_layers % depth:
+        if not is_int_at_least(depth, 1) or num_layers % depth:
             divisors = [k for k in range(1, num_layers + 1) if num_layers % k == 0]
             raise ConfigError(
                 f"depth={depth!r} does not divide the arch's {num_layers} layers "
@@ -63,12 +64,7 @@ def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Option
                 f'({num_layers} layers / {depth} = {n} branches); give only one'
             )
         return n
-    if (
-        isinstance(num_branches, bool)
-        or not isinstance(num_branches, int)
-        or num_branches < 1
-        or num_layers % num_branches
-    ):
+    if not is_int_at_least(num_branches, 1) or num_layers % num_branches:
         divisors = [k for k in range(1, num_layers + 1) if num_layers % k == 0]
         raise ConfigError(
             f"num_branches={num_branches!r} does not divide the arch's "
@@ -85,7 +81,10 @@ def resize_pos_embed(
     num_extra_tokens: int = 0,
 ) -> torch.Tensor:
     """(1, extra + Hs·Ws, C) -> (1, extra + Hd·Wd, C): the patch grid resized with
-    ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept."""
+    ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept.
+
+    Not mmpretrain's ``resize_pos_embed`` nor timm's ``resample_abs_pos_embed``: both resize in
+    float32, which would cut a float64 model's forward (the fold checks) to float32."""
     if tuple(src_shape) == tuple(dst_shape):
         return pos_embed
     extra, grid = pos_embed[:, :num_extra_tokens], pos_embed[:, num_extra_tokens:]
@@ -252,7 +251,7 @@ class DepthRepViT(DenseBackbone):
             torch.zeros(1, self.num_extra_tokens + num_patches, self.embed_dims)
         )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, self.depth).tolist()
+        dpr = drop_path_rates(drop_path_rate, self.depth)
         self.stages = ModuleList(
             [
                 JoinedBlock(

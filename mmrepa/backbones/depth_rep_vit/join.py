@@ -33,17 +33,12 @@ from mmengine.model.weight_init import trunc_normal_
 
 from ...errors import ConfigError
 from ...fold import FoldPolicy, Reparameterizable
-from ...layers.window_attention import window_partition, window_reverse
+from ...layers.scheduled import ScheduledScalar
+from ...layers.window_attention import attend_in_windows
+from ...options import check_int, check_unit_interval
 from ...registry import MODELS, build_activation_layer, build_norm_layer
 
 JOIN_MODES = ('logits', 'qkv')
-
-
-def _check_lambda(value: float, where: str) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:  # also refuses NaN
-        raise ConfigError(f'{where}: join_lambda must be in [0, 1], got {value}')
-    return value
 
 
 def branch_diversity(outputs: torch.Tensor) -> torch.Tensor:
@@ -118,13 +113,11 @@ class BranchSumLinear(nn.Module):
         )
 
 
-class _LambdaMixin:
-    """λ as a buffer ``join_lambda`` (saved in checkpoints, copied by EMA) plus a host copy.
-
-    Training branches on the host copy (no device sync per step; a schedule hook sets both
-    through :meth:`set_join_lambda`). Eval reads the buffer, because an EMA model receives λ
-    by buffer copies that bypass :meth:`set_join_lambda`. The joined forward uses λ as a
-    tensor, so a compiled model does not recompile at every step of the ramp.
+class _LambdaMixin(ScheduledScalar):
+    """λ as a :class:`~mmrepa.layers.scheduled.ScheduledScalar`: the buffer ``join_lambda``
+    (saved in checkpoints, copied by EMA) plus a host copy that training branches on. The
+    joined forward uses λ as a tensor, so a compiled model does not recompile at every step of
+    the ramp.
 
     ``fast_joined_forward`` (True): at λ = 1 (or with one branch) the forward runs the folded
     computation on weights summed from the branches on the fly. False computes the n
@@ -132,12 +125,8 @@ class _LambdaMixin:
     that fast path: the reference a fold is checked against (slower, the same function).
     """
 
+    scheduled_name = 'join_lambda'
     fast_joined_forward = True
-
-    def _init_lambda(self, value: float) -> None:
-        value = _check_lambda(value, type(self).__name__)
-        self.register_buffer('join_lambda', torch.tensor(value))
-        self._join_lambda = value
 
     @property
     def current_join_lambda(self) -> float:
@@ -148,23 +137,14 @@ class _LambdaMixin:
 
     def set_join_lambda(self, value: float) -> None:
         """Set λ in [0, 1] (the joining schedule calls this before every iteration)."""
-        value = _check_lambda(value, type(self).__name__)
-        if self.deploy:
-            if value != 1.0:
-                raise ConfigError(
-                    f'{type(self).__name__} is folded (deploy=True), i.e. the λ = 1 network; '
-                    f'it cannot run at join_lambda={value}. Build the model with deploy=False '
-                    f'to train through the joining schedule.'
-                )
-            return
-        self._join_lambda = value
-        with torch.no_grad():
-            self.join_lambda.fill_(value)
-
-    def _lambda_for_forward(self) -> float:
-        if self.training or torch.jit.is_tracing():
-            return self._join_lambda
-        return float(self.join_lambda)
+        if not self.deploy:
+            self._set_scheduled(value)
+        elif check_unit_interval(value, f'{type(self).__name__}: join_lambda') != 1.0:
+            raise ConfigError(
+                f'{type(self).__name__} is folded (deploy=True), i.e. the λ = 1 network; '
+                f'it cannot run at join_lambda={value}. Build the model with deploy=False '
+                f'to train through the joining schedule.'
+            )
 
     def fold_problems(self) -> List[str]:
         """The fold is exact only at λ == 1.0 (or with a single branch, whose output does not
@@ -181,11 +161,6 @@ class _LambdaMixin:
                 f'saved mid-ramp cannot be folded.'
             ]
         return []
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        if not self.deploy:
-            self._join_lambda = float(self.join_lambda)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -364,8 +339,7 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
                 f"join must be 'logits' (the paper's network) or 'qkv' (mmrepa's "
                 f'standard-shape extension), got {join!r}'
             )
-        if isinstance(num_branches, bool) or not isinstance(num_branches, int) or num_branches < 1:
-            raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
+        check_int(num_branches, 'num_branches')
         if embed_dims % num_heads:
             raise ConfigError(
                 f'embed_dims ({embed_dims}) must be a multiple of num_heads ({num_heads})'
@@ -381,7 +355,7 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
             return
         self.branch_qkv = nn.Linear(d, 3 * n * d, bias=qkv_bias)  # fan-in d: per-branch init
         self.branch_proj = BranchSumLinear(d, d, n)
-        self._init_lambda(join_lambda)
+        self._init_scheduled(join_lambda)
 
     @property
     def folded_width(self) -> int:
@@ -404,7 +378,7 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
             return self._attend(
                 x, self.qkv.weight, self.qkv.bias, self.proj.weight, self.proj.bias, attn_mask
             )
-        lam = self._lambda_for_forward()
+        lam = self._scheduled_for_forward()
         diversity = self._tracks_diversity()
         if (lam == 1.0 or self.num_branches == 1) and not diversity and self.fast_joined_forward:
             # Every branch sees the same softmax input: the folded computation, with the
@@ -543,7 +517,7 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
         return unstack_attention_branches(state, self.num_heads, self.num_branches)
 
     def extra_repr(self) -> str:
-        lam = '' if self.deploy else f', join_lambda={self._join_lambda:g}'
+        lam = '' if self.deploy else f', join_lambda={self.scheduled_value:g}'
         return (
             f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
             f'num_branches={self.num_branches}, join={self.join!r}{lam}, '
@@ -589,8 +563,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if isinstance(num_branches, bool) or not isinstance(num_branches, int) or num_branches < 1:
-            raise ConfigError(f'num_branches must be an integer >= 1, got {num_branches!r}')
+        check_int(num_branches, 'num_branches')
         self.embed_dims, self.num_branches = embed_dims, num_branches
         self.hidden_dims = int(round(mlp_ratio * embed_dims))
         self.act = build_activation_layer(act_cfg)
@@ -601,7 +574,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
             return
         self.branch_fc1 = nn.Linear(d, n * h)  # fan-in d: per-branch init
         self.branch_fc2 = BranchSumLinear(h, d, n)
-        self._init_lambda(join_lambda)
+        self._init_scheduled(join_lambda)
 
     def _build_folded(self, like: Optional[torch.Tensor] = None) -> None:
         factory = dict(device=like.device, dtype=like.dtype) if like is not None else {}
@@ -612,7 +585,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         """x (..., d) -> (..., d), the sum of the branches' outputs (no residual)."""
         if self.deploy:
             return self.fc2(self.act(self.fc1(x)))
-        lam = self._lambda_for_forward()
+        lam = self._scheduled_for_forward()
         diversity = self._tracks_diversity()
         if (lam == 1.0 or self.num_branches == 1) and not diversity and self.fast_joined_forward:
             w1, b1, w2, b2 = self._folded_tensors()  # every branch activates the same Z
@@ -682,7 +655,7 @@ class JoinedFFN(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModule):
         return unstack_ffn_branches(state, self.num_branches)
 
     def extra_repr(self) -> str:
-        lam = '' if self.deploy else f', join_lambda={self._join_lambda:g}'
+        lam = '' if self.deploy else f', join_lambda={self.scheduled_value:g}'
         return (
             f'embed_dims={self.embed_dims}, hidden_dims={self.hidden_dims}, '
             f'num_branches={self.num_branches}{lam}, deploy={self.deploy}'
@@ -751,13 +724,7 @@ class JoinedBlock(Reparameterizable, BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if window_size is not None and (
-            isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
-        ):
-            raise ConfigError(
-                f'window_size must be an integer >= 1 or None (global attention), '
-                f'got {window_size!r}'
-            )
+        check_int(window_size, 'window_size', none_means='global attention')
         self.embed_dims, self.num_branches, self.join = embed_dims, num_branches, join
         self.window_size = window_size
         self.deploy = deploy
@@ -812,21 +779,10 @@ class JoinedBlock(Reparameterizable, BaseModule):
                 f'a windowed JoinedBlock needs hw_shape=(H, W) with H * W = N = {N} '
                 f'(patch tokens only, no class token); got hw_shape={hw_shape}'
             )
-        H, W = hw_shape
-        ws = self.window_size
-        if H <= ws and W <= ws:  # one window: global attention, no padding
-            return self.attn(u)
-        Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
-        u = F.pad(u.view(B, H, W, C), (0, 0, 0, Wp - W, 0, Hp - H))
-        mask = None
-        if (Hp, Wp) != (H, W):
-            # Padding tokens are zeros after the LN (which is not folded), but are masked as
-            # keys anyway: no window may depend on how much padding it got.
-            valid = torch.zeros(1, Hp, Wp, 1, dtype=torch.bool, device=u.device)
-            valid[:, :H, :W] = True
-            mask = window_partition(valid, ws).view(-1, 1, 1, ws * ws).repeat(B, 1, 1, 1)
-        out = self.attn(window_partition(u, ws), mask)
-        return window_reverse(out, ws, Hp, Wp)[:, :H, :W].reshape(B, N, C)
+        # Padding tokens are zeros after the LN (which is not folded), but are masked as keys
+        # anyway: no window may depend on how much padding it got.
+        out = attend_in_windows(self.attn, u.view(B, *hw_shape, C), self.window_size)
+        return out.reshape(B, N, C)
 
     def describe(self) -> str:
         return (

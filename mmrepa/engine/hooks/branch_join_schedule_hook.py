@@ -3,11 +3,11 @@ import math
 from typing import List, Optional, Tuple
 
 import torch.nn as nn
-from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
 from ...errors import ConfigError
+from .scheduled_scalar_hook import ScheduledScalarHook, check_iters_or_ratio, iterations
 
 JOIN_SCHEDULE_MODES = ('linear', 'cosine', 'exp', 'sqrt')
 EXP_RATE = 5.0  # the paper's exponential schedule 1 − e^(−5t), SPEC-depth §7.3
@@ -61,7 +61,7 @@ def join_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
 
 
 @HOOKS.register_module()
-class BranchJoinScheduleHook(Hook):
+class BranchJoinScheduleHook(ScheduledScalarHook):
     """Set λ of every joined module (:class:`~mmrepa.layers.JoinedBlock`, JoinedAttention,
     JoinedFFN) from the runner's iteration: the depth joining ramp of SPEC-depth §7.3.
 
@@ -75,9 +75,8 @@ class BranchJoinScheduleHook(Hook):
       ``'sqrt'`` λ = √t,
     - λ = 1.0 exactly once ``it >= end_iter`` (the only value at which the block folds).
 
-    λ depends on ``runner.iter`` only, so gradient accumulation, validation and other extra
-    forward calls do not move it, and a resumed run continues the schedule exactly (λ is also
-    the ``join_lambda`` buffer of every joined layer, saved in checkpoints). ``runner.iter``
+    λ depends on ``runner.iter`` only (:class:`ScheduledScalarHook`); it is also the
+    ``join_lambda`` buffer of every joined layer, saved in checkpoints. ``runner.iter``
     counts data batches: with gradient accumulation k, multiply the paper's optimizer steps
     (10k ramp, then 50k at λ = 1, batch 1024) by k. λ is logged as ``join_lambda``.
 
@@ -99,7 +98,12 @@ class BranchJoinScheduleHook(Hook):
         custom_hooks = [dict(type='BranchJoinScheduleHook', begin_iter=0, end_iter=10000)]
     """
 
-    priority = 'NORMAL'
+    scalar_name = 'join_lambda'
+    layer_kind = 'joined module'
+    missing_hint = (
+        'no module has set_join_lambda; use a backbone built from JoinedBlock with '
+        'deploy=False or remove the hook'
+    )
 
     def __init__(
         self,
@@ -109,59 +113,27 @@ class BranchJoinScheduleHook(Hook):
         begin_ratio: Optional[float] = None,
         mode: str = 'linear',
     ):
+        name = 'BranchJoinScheduleHook'
         if mode not in JOIN_SCHEDULE_MODES:
             raise ConfigError(
-                f'BranchJoinScheduleHook: mode must be one of '
-                f'{JOIN_SCHEDULE_MODES}, got mode={mode!r}'
+                f'{name}: mode must be one of {JOIN_SCHEDULE_MODES}, got mode={mode!r}'
             )
-        if (end_iter is None) == (end_ratio is None):
-            raise ConfigError(
-                'BranchJoinScheduleHook needs exactly one of end_iter (iterations) '
-                f'and end_ratio (fraction of training), got end_iter={end_iter}, '
-                f'end_ratio={end_ratio}'
-            )
-        if begin_iter is not None and begin_ratio is not None:
-            raise ConfigError(
-                'BranchJoinScheduleHook takes at most one of begin_iter and '
-                f'begin_ratio, got begin_iter={begin_iter}, '
-                f'begin_ratio={begin_ratio}'
-            )
-        for name, value in (('begin_iter', begin_iter), ('end_iter', end_iter)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise ConfigError(
-                    f'BranchJoinScheduleHook: {name} must be an integer >= 0, got {name}={value!r}'
-                )
-        for name, value in (('begin_ratio', begin_ratio), ('end_ratio', end_ratio)):
-            if value is not None and not 0.0 <= value <= 1.0:  # also refuses NaN
-                raise ConfigError(
-                    f'BranchJoinScheduleHook: {name} must be in [0, 1], got {name}={value!r}'
-                )
+        check_iters_or_ratio(name, 'end_iter', end_iter, 'end_ratio', end_ratio, True)
+        check_iters_or_ratio(name, 'begin_iter', begin_iter, 'begin_ratio', begin_ratio, False)
         if begin_ratio is None and begin_iter is None:
             begin_iter = 0
-        # Same unit on both sides: check now; mixed units are checked in before_train.
-        if end_iter is not None and begin_iter is not None and end_iter <= begin_iter:
-            raise ConfigError(
-                f'BranchJoinScheduleHook: end_iter must be > begin_iter, got '
-                f'begin_iter={begin_iter}, end_iter={end_iter}'
-            )
-        if end_ratio is not None and begin_ratio is not None and end_ratio <= begin_ratio:
-            raise ConfigError(
-                f'BranchJoinScheduleHook: end_ratio must be > begin_ratio, got '
-                f'begin_ratio={begin_ratio}, end_ratio={end_ratio}'
-            )
+        # Same unit on both sides: check now; mixed units are checked in resolve.
+        for unit, begin, end in (('iter', begin_iter, end_iter), ('ratio', begin_ratio, end_ratio)):
+            if begin is not None and end is not None and end <= begin:
+                raise ConfigError(
+                    f'{name}: end_{unit} must be > begin_{unit}, got '
+                    f'begin_{unit}={begin}, end_{unit}={end}'
+                )
         self.mode = mode
         self.begin_iter, self.begin_ratio = begin_iter, begin_ratio
         self.end_iter, self.end_ratio = end_iter, end_ratio
         self._begin: int = begin_iter if begin_iter is not None else 0
         self._end: int = end_iter if end_iter is not None else 1
-        self._modules: List[Tuple[str, nn.Module]] = []
-
-    @staticmethod
-    def _unwrap(runner) -> nn.Module:
-        model = runner.model
-        return getattr(model, 'module', model)  # DDP and similar wrappers
 
     def _options(self) -> str:
         begin = (
@@ -174,19 +146,13 @@ class BranchJoinScheduleHook(Hook):
         )
         return f'{begin}, {end}'
 
-    def before_train(self, runner) -> None:
-        self._modules = join_modules(self._unwrap(runner))
-        if not self._modules:
-            raise ConfigError(
-                'BranchJoinScheduleHook: the model has no joined module (no module '
-                'with set_join_lambda, e.g. JoinedBlock); use a backbone built from '
-                'JoinedBlock with deploy=False or remove the hook'
-            )
+    def find_layers(self, model: nn.Module) -> List[Tuple[str, nn.Module]]:
+        return join_modules(model)
+
+    def resolve(self, runner) -> None:
         max_iters = runner.max_iters
-        self._begin = (
-            self.begin_iter if self.begin_ratio is None else round(self.begin_ratio * max_iters)
-        )
-        self._end = self.end_iter if self.end_ratio is None else round(self.end_ratio * max_iters)
+        self._begin = iterations(self.begin_iter, self.begin_ratio, max_iters)
+        self._end = iterations(self.end_iter, self.end_ratio, max_iters)
         if self._end <= self._begin:
             raise ConfigError(
                 f'BranchJoinScheduleHook: the ramp is empty with {self._options()} '
@@ -202,20 +168,18 @@ class BranchJoinScheduleHook(Hook):
                 logger=runner.logger,
                 level=logging.WARNING,
             )
-        print_log(
-            f'BranchJoinScheduleHook: {len(self._modules)} joined modules; join_lambda '
-            f'0 -> 1 ({self.mode}) from iteration {self._begin} to {self._end} (training '
-            f'has {max_iters})',
-            logger=runner.logger,
-            level=logging.INFO,
-        )
-        self._apply(runner)
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        self._apply(runner)
+    def describe(self) -> str:
+        return f'join_lambda 0 -> 1 ({self.mode}) from iteration {self._begin} to {self._end}'
+
+    def value(self, it: int) -> float:
+        return join_lambda(it, self._begin, self._end, self.mode)
+
+    def set_layer(self, layer: nn.Module, value: float) -> None:
+        layer.set_join_lambda(value)
 
     def after_train(self, runner) -> None:
-        for name, module in self._unwrap(runner).named_modules():
+        for name, module in self.unwrap(runner).named_modules():
             lam = getattr(module, 'current_join_lambda', None)
             if isinstance(lam, float) and lam < 1.0:
                 print_log(
@@ -227,9 +191,3 @@ class BranchJoinScheduleHook(Hook):
                     level=logging.WARNING,
                 )
                 return
-
-    def _apply(self, runner) -> None:
-        lam = join_lambda(runner.iter, self._begin, self._end, self.mode)
-        for _, module in self._modules:
-            module.set_join_lambda(lam)
-        runner.message_hub.update_scalar('train/join_lambda', lam)

@@ -1,10 +1,11 @@
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from mmengine.hooks import Hook
+import torch.nn as nn
 from mmengine.registry import HOOKS
 
-from ...errors import ConfigError
 from ...layers import PRepBN
+from ...options import check_int
+from .scheduled_scalar_hook import ScheduledScalarHook, check_iters_or_ratio, iterations
 
 
 def prepbn_lambda(it: int, warmup_iters: int, decay_iters: int) -> float:
@@ -17,7 +18,7 @@ def prepbn_lambda(it: int, warmup_iters: int, decay_iters: int) -> float:
 
 
 @HOOKS.register_module()
-class PRepBNScheduleHook(Hook):
+class PRepBNScheduleHook(ScheduledScalarHook):
     """Set λ of every :class:`~mmrepa.layers.PRepBN` from the runner's iteration (SLAB).
 
     Before every training iteration ``it = runner.iter`` (0 for the first), every PRepBN of the
@@ -35,7 +36,9 @@ class PRepBNScheduleHook(Hook):
             (``runner.max_iters``). Give exactly one of ``decay_iters`` and ``decay_ratio``.
     """
 
-    priority = 'NORMAL'
+    scalar_name = 'prepbn_lambda'
+    layer_kind = 'PRepBN layer'
+    missing_hint = "use a backbone with PRepBN norms (type='PRepBNSwin') or remove the hook"
 
     def __init__(
         self,
@@ -43,45 +46,27 @@ class PRepBNScheduleHook(Hook):
         decay_iters: Optional[int] = None,
         decay_ratio: Optional[float] = None,
     ):
-        if (decay_iters is None) == (decay_ratio is None):
-            raise ConfigError(
-                'PRepBNScheduleHook needs exactly one of decay_iters (iterations) '
-                f'and decay_ratio (fraction of training), got decay_iters='
-                f'{decay_iters}, decay_ratio={decay_ratio}'
-            )
-        if warmup_iters < 0 or (decay_iters is not None and decay_iters < 0):
-            raise ConfigError(
-                f'warmup_iters and decay_iters must be >= 0, got {warmup_iters} and {decay_iters}'
-            )
-        if decay_ratio is not None and not 0.0 <= decay_ratio <= 1.0:
-            raise ConfigError(f'decay_ratio must be in [0, 1], got {decay_ratio}')
+        check_int(warmup_iters, 'PRepBNScheduleHook: warmup_iters', minimum=0)
+        check_iters_or_ratio(
+            'PRepBNScheduleHook', 'decay_iters', decay_iters, 'decay_ratio', decay_ratio, True
+        )
         self.warmup_iters = warmup_iters
         self.decay_iters = decay_iters
         self.decay_ratio = decay_ratio
-        self._layers: List[PRepBN] = []
 
-    def before_train(self, runner) -> None:
-        self._layers = [m for m in runner.model.modules() if isinstance(m, PRepBN)]
-        if not self._layers:
-            raise ConfigError(
-                'PRepBNScheduleHook: the model has no PRepBN layer; use a backbone '
-                "with PRepBN norms (type='PRepBNSwin') or remove the hook"
-            )
-        if self.decay_ratio is not None:
-            self.decay_iters = round(self.decay_ratio * runner.max_iters)
-        runner.logger.info(
-            f'PRepBNScheduleHook: {len(self._layers)} PRepBN layers; lambda = 1 for '
-            f'{self.warmup_iters} iterations, then 0 after {self.decay_iters} more '
-            f'(training has {runner.max_iters})'
+    def find_layers(self, model: nn.Module) -> List[Tuple[str, nn.Module]]:
+        return [(name, m) for name, m in model.named_modules() if isinstance(m, PRepBN)]
+
+    def resolve(self, runner) -> None:
+        self.decay_iters = iterations(self.decay_iters, self.decay_ratio, runner.max_iters)
+
+    def describe(self) -> str:
+        return (
+            f'lambda = 1 for {self.warmup_iters} iterations, then 0 after {self.decay_iters} more'
         )
-        self._apply(runner)
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        self._apply(runner)
+    def value(self, it: int) -> float:
+        return prepbn_lambda(it, self.warmup_iters, self.decay_iters)
 
-    def _apply(self, runner) -> None:
-        lam = prepbn_lambda(runner.iter, self.warmup_iters, self.decay_iters)
-        for layer in self._layers:
-            if layer.current_lambda != lam:
-                layer.set_lambda(lam)
-        runner.message_hub.update_scalar('train/prepbn_lambda', lam)
+    def set_layer(self, layer: nn.Module, value: float) -> None:
+        layer.set_lambda(value)

@@ -5,6 +5,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from mmengine.registry import OPTIMIZERS
+from torch.optim.sgd import sgd
 
 from ...errors import ConfigError
 from .base import RepOptOptimizer
@@ -85,37 +86,43 @@ class RepOptSGD(RepOptOptimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One update (see the class docstring); ``closure`` re-evaluates the loss."""
+        """One update (see the class docstring); ``closure`` re-evaluates the loss.
+
+        torch's own functional SGD does the update on the multiplied gradients, so every
+        parameter follows ``torch.optim.SGD`` by construction. Its single-tensor path
+        (``foreach=False``): the multi-tensor one adds the momentum into the gradients in
+        place with nesterov, and ``p.grad`` must keep the raw gradient (SPEC pitfall 11).
+        """
         loss, coef = self._begin_step(closure)
         for group in self.param_groups:
-            lr = group['lr']
-            momentum = group['momentum']
-            dampening = group['dampening']
-            weight_decay = group['weight_decay']
-            nesterov = group['nesterov']
-            decoupled = group.get('decoupled_weight_decay', False)
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError('RepOptSGD does not support sparse gradients')
-                g = self._scaled(p.grad, coef)
-                m = self.multiplier(p)
-                if m is not None:
-                    # a new tensor: p.grad keeps the raw gradient (SPEC pitfall 11)
-                    g = (g.to(m.dtype) * m).to(p.dtype)
-                if weight_decay != 0:
-                    if decoupled:
-                        p.mul_(1 - lr * weight_decay)
-                    else:
-                        g = g.add(p, alpha=weight_decay)
-                if momentum != 0:
-                    state = self.state[p]
-                    buf = state.get('momentum_buffer')
-                    if buf is None:
-                        buf = state['momentum_buffer'] = g.detach().clone()
-                    else:
-                        buf.mul_(momentum).add_(g, alpha=1 - dampening)
-                    g = g.add(buf, alpha=momentum) if nesterov else buf
-                p.add_(g, alpha=-lr)
+            params = [p for p in group['params'] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError('RepOptSGD does not support sparse gradients')
+            lr, weight_decay = group['lr'], group['weight_decay']
+            if weight_decay != 0 and group.get('decoupled_weight_decay', False):
+                for p in params:
+                    p.mul_(1 - lr * weight_decay)
+                weight_decay = 0.0
+            buffers = [self.state[p].get('momentum_buffer') for p in params]
+            sgd(
+                params,
+                [self._multiplied(p, coef) for p in params],
+                buffers,
+                foreach=False,
+                weight_decay=weight_decay,
+                momentum=group['momentum'],
+                lr=lr,
+                dampening=group['dampening'],
+                nesterov=group['nesterov'],
+                maximize=False,
+            )
+            if group['momentum'] != 0:
+                for p, buf in zip(params, buffers):
+                    self.state[p]['momentum_buffer'] = buf
         return loss
+
+    def _multiplied(self, p: nn.Parameter, coef: Optional[torch.Tensor]) -> torch.Tensor:
+        """``M * dL/dW'`` after clipping: a new tensor, ``p.grad`` stays raw."""
+        g = self._scaled(p.grad, coef)
+        m = self.multiplier(p)
+        return g if m is None else (g.to(m.dtype) * m).to(p.dtype)

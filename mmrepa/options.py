@@ -1,0 +1,42 @@
+"""Checks of config options that many modules share, with one wording each."""
+
+from typing import Any, Optional
+
+from .errors import ConfigError
+
+
+def is_int_at_least(value: Any, minimum: int) -> bool:
+    """True for an ``int`` >= ``minimum``; False for a bool (``True`` is an int to Python but
+    never a meant count), a float such as 2.0, or anything else."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def check_int(value: Any, name: str, minimum: int = 1, none_means: Optional[str] = None) -> Any:
+    """``value`` if it is an integer >= ``minimum`` (or None, where ``none_means`` says what
+    None does); otherwise a :class:`ConfigError` naming ``name``."""
+    if value is None and none_means is not None:
+        return value
+    if not is_int_at_least(value, minimum):
+        alternative = '' if none_means is None else f' or None ({none_means})'
+        raise ConfigError(f'{name} must be an integer >= {minimum}{alternative}, got {value!r}')
+    return value
+
+
+def check_unit_interval(value: Any, name: str) -> float:
+    """``value`` as a float in [0, 1]; otherwise a :class:`ConfigError` naming ``name``."""
+    value = float(value)
+    if not 0.0 <= value <= 1.0:  # also refuses NaN
+        raise ConfigError(f'{name} must be in [0, 1], got {value}')
+    return value
+
+
+def per_stage(value: Any, num_stages: int, name: str) -> list:
+    """A scalar for every stage, or a sequence with one value per stage."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != num_stages:
+            raise ConfigError(
+                f'{name} has {len(value)} entries but the arch has {num_stages} '
+                f'stages; give one value or one per stage'
+            )
+        return list(value)
+    return [value] * num_stages
