@@ -19,17 +19,14 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import (
-    default_input_shape,
-    init_model,
-    load_config,
-    one_line_errors,
-    pipeline_batch,
-)
+from mmrepa.apis import init_model, load_config
 from mmrepa.engine.hooks import join_modules
+from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.batches import default_input_shape, pipeline_batch
 from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.utils import complexity, model_complexity
-from mmrepa.utils.files import check_outputs, write_json
+from mmrepa.utils.files import write_json
 
 TOOL = 'tools/get_flops.py'
 

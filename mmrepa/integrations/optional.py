@@ -5,7 +5,7 @@ deployment (mmdeploy) and plots (matplotlib) are optional. The rule: a module th
 imports it where it is used, not at the top; a tool parses its arguments first (``--help`` always
 works), then calls :func:`require` for what the chosen options need, which raises
 :class:`~mmrepa.errors.DependencyError` naming the package and how to install it: the tool prints
-it as one line instead of a traceback (:func:`mmrepa.apis.one_line_errors`).
+it as one line instead of a traceback (:func:`mmrepa.integrations.cli.args.one_line_errors`).
 """
 
 import importlib
