@@ -9,8 +9,9 @@ below all that, in a traceback. Our tools call :func:`check_custom_imports`,
 per problem.
 
 mmdet's, mmseg's and mmpretrain's own tools (``mim train mmdet CONFIG``) build our backbones
-inside their Runner, after the print-out; there :func:`install_excepthook` turns the errors whose
-cause is known into one line at the end instead of a traceback (see :func:`explain`).
+inside their Runner, after the print-out; there the excepthook of :mod:`mmrepa.seams` turns the
+errors whose cause is known into one line at the end instead of a traceback (see
+:func:`explain`).
 """
 
 import copy
@@ -330,25 +331,3 @@ def explain(err: BaseException, tb=None) -> Optional[str]:
     if cfg is None:
         return None
     return '\n'.join(_data_problems(err, cfg)) or None
-
-
-def _excepthook(kind, err, tb, previous) -> None:
-    line = None
-    if not os.environ.get('MMREPA_TRACEBACK'):
-        try:
-            line = explain(err, tb)
-        except Exception:  # noqa: BLE001  never hide the real error behind one of ours
-            line = None
-    if line is None:
-        previous(kind, err, tb)
-    else:
-        sys.stderr.write(f'{line}\n{TRACEBACK_HINT}\n')
-
-
-def install_excepthook() -> None:
-    """Print the errors :func:`explain` knows as one line instead of a traceback, in any
-    process that imports mmrepa (mmdet's tools do through the config's ``custom_imports``).
-    Leaves a hook someone else installed (IPython, a debugger) alone."""
-    if sys.excepthook is sys.__excepthook__:
-        previous = sys.excepthook
-        sys.excepthook = lambda kind, err, tb: _excepthook(kind, err, tb, previous)
