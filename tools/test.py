@@ -164,6 +164,9 @@ def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
                 num_batches=max(1, args.latency_batches),
             )
         ]
+        test_cfg = cfg.get('test_cfg') or {}
+        if test_cfg.get('type', 'TestLoop') == 'TestLoop':  # restores the model on failure too
+            cfg.test_cfg = dict(test_cfg, type='FoldedTestLoop')
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if args.out:  # every rank has the metric; the main process alone writes (a temporary)
         runner.test_evaluator.metrics.append(
