@@ -1,6 +1,7 @@
 """A sample input for the tools that measure a model (``tools/benchmark.py``,
 ``tools/get_flops.py``): its size and one batch through the config's test pipeline."""
 
+import argparse
 import os
 import tempfile
 
@@ -8,6 +9,20 @@ import mmcv
 import numpy as np
 from mmengine.config import Config
 from mmengine.dataset import Compose, pseudo_collate
+
+
+def add_shape_argument(parser: argparse.ArgumentParser) -> None:
+    """``--shape H W``; ``None`` when not given: the tool then uses :func:`default_input_shape`."""
+    parser.add_argument(
+        '--shape',
+        nargs=2,
+        type=int,
+        metavar=('H', 'W'),
+        default=None,
+        help='input size (default: 800 1333 for detection, 512 512 for '
+        'segmentation, 224 224 for classification)',
+    )
+
 
 DEFAULT_INPUT_SHAPES = {'mmseg': (512, 512), 'mmpretrain': (224, 224)}
 
