@@ -4,7 +4,9 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from mmrepa.apis import check_custom_imports, load_config, tool_argument_parser, tool_config
+from mmrepa.apis import load_config
+from mmrepa.integrations.cli.args import tool_argument_parser, tool_config
+from mmrepa.integrations.cli.config_checks import check_custom_imports
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -73,8 +75,8 @@ def test_tools_without_a_launcher_still_check_custom_imports(tmp_path):
 
 
 def test_a_config_error_stops_a_tool_with_one_line():
-    from mmrepa.apis import one_line_errors
     from mmrepa.errors import ConfigError
+    from mmrepa.integrations.cli.args import one_line_errors
 
     @one_line_errors('tools/x.py')
     def main():

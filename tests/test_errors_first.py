@@ -15,7 +15,8 @@ import torch
 from mmrepa.apis import init_model
 from mmrepa.backbones import RePaSwin
 from mmrepa.datasets import make_shapes_coco
-from mmrepa.integrations.cli.config_checks import TRACEBACK_HINT, _excepthook, explain
+from mmrepa.integrations.cli.config_checks import TRACEBACK_HINT, explain
+from mmrepa.seams import _excepthook
 
 from .conftest import run_script_here, shapes_cfg_options
 

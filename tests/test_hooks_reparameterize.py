@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 
 import mmrepa
-from mmrepa.apis import init_model, pipeline_batch
+from mmrepa.apis import init_model
 from mmrepa.engine import ReparameterizeHook
+from mmrepa.integrations.cli.batches import pipeline_batch
 
 from .conftest import randomize_
 

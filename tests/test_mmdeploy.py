@@ -324,8 +324,9 @@ def test_mmrepa_imports_without_mmdeploy():
     code = (
         'import sys; sys.modules["mmdeploy"] = None\n'
         'import mmrepa\n'
+        'from mmrepa.errors import DependencyError\n'
         'try:\n    import mmrepa.integrations.mmdeploy\n'
-        'except ImportError as e:\n    print(e)\n'
+        'except DependencyError as e:\n    print(e)\n'
     )
     proc = subprocess.run(
         [sys.executable, '-c', code],
@@ -335,4 +336,6 @@ def test_mmrepa_imports_without_mmdeploy():
         env=dict(os.environ, OMP_NUM_THREADS='1'),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert 'mmrepa.integrations.mmdeploy needs mmdeploy 1.3.1' in proc.stdout
+    # one line (optional.require's), naming the package and how to install it
+    assert proc.stdout.startswith('mmrepa.integrations.mmdeploy: needs mmdeploy (make install')
+    assert proc.stdout.count('\n') == 1 and 'mmdeploy==1.3.1' in proc.stdout, proc.stdout

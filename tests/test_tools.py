@@ -102,7 +102,8 @@ def tensor_outputs(model, batch):
 def test_offline_reparameterize_round_trip(trained):
     from mmdet.apis import init_detector
 
-    from mmrepa.apis import init_model, pipeline_batch
+    from mmrepa.apis import init_model
+    from mmrepa.integrations.cli.batches import pipeline_batch
 
     root, options, ckpt = trained
     out = str(root / 'folded.pth')

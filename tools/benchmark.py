@@ -39,13 +39,16 @@ import torch.nn.functional as F
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import default_input_shape, init_model, one_line_errors, pipeline_batch
+from mmrepa.apis import init_model
 from mmrepa.errors import ConfigError
+from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
 from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
 from mmrepa.integrations.optional import require
 from mmrepa.utils import complexity, model_complexity, time_interleaved
-from mmrepa.utils.files import atomic_output, check_outputs, write_json
+from mmrepa.utils.files import atomic_output, write_json
 from mmrepa.utils.latency import cpu_name
 from mmrepa.utils.machine import finish, machine_info
 
@@ -56,15 +59,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('config')
     parser.add_argument('--checkpoint', help='weights to load (random weights without)')
-    parser.add_argument(
-        '--shape',
-        nargs=2,
-        type=int,
-        metavar=('H', 'W'),
-        default=None,
-        help='input size (default: 800 1333 for detection, 512 512 for '
-        'segmentation, 224 224 for classification)',
-    )
+    add_shape_argument(parser)
     parser.add_argument('--batch', type=int, default=1, help='batch of the backbone scope')
     parser.add_argument('--repeat', type=int, default=10, help='timed rounds per scope')
     parser.add_argument('--warmup', type=int, default=2, help='untimed rounds first')

@@ -31,11 +31,13 @@ import torch
 from mmengine.config import Config, DictAction
 
 import mmrepa
-from mmrepa.apis import build_model, init_model, load_config, one_line_errors
+from mmrepa.apis import build_model, init_model, load_config
 from mmrepa.checkpoint import save_atomically
+from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.optional import require
-from mmrepa.utils.files import atomic_folder, check_outputs, write_json
+from mmrepa.utils.files import atomic_folder, write_json
 
 TOOL = 'tools/deploy.py'
 # the (codebase, task) pairs this tool compares, and the deploy config for each kind of model

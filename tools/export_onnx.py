@@ -22,8 +22,10 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.apis import init_model, load_config
+from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import (
     TensorForward,
     export_onnx,
@@ -31,7 +33,7 @@ from mmrepa.integrations.onnx import (
     onnxruntime_session,
 )
 from mmrepa.integrations.optional import require
-from mmrepa.utils.files import atomic_output, check_outputs
+from mmrepa.utils.files import atomic_output
 
 TOOL = 'tools/export_onnx.py'
 

@@ -19,17 +19,14 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import (
-    default_input_shape,
-    init_model,
-    load_config,
-    one_line_errors,
-    pipeline_batch,
-)
+from mmrepa.apis import init_model, load_config
 from mmrepa.engine.hooks import join_modules
+from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
 from mmrepa.integrations.cli.inputs import config_inputs
+from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.utils import complexity, model_complexity
-from mmrepa.utils.files import check_outputs, write_json
+from mmrepa.utils.files import write_json
 
 TOOL = 'tools/get_flops.py'
 
@@ -37,15 +34,7 @@ TOOL = 'tools/get_flops.py'
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('config')
-    parser.add_argument(
-        '--shape',
-        nargs=2,
-        type=int,
-        metavar=('H', 'W'),
-        default=None,
-        help='input size (default: 800 1333 for detection, 512 512 for '
-        'segmentation, 224 224 for classification)',
-    )
+    add_shape_argument(parser)
     parser.add_argument('--checkpoint')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     parser.add_argument(

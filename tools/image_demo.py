@@ -150,7 +150,7 @@ def main(argv=None):
     missing = missing_inputs('image_demo.py', args, folders=True)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
-    from mmrepa.apis import one_line_errors
+    from mmrepa.integrations.cli.args import one_line_errors
 
     # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
     with one_line_errors('tools/image_demo.py'):
@@ -159,7 +159,8 @@ def main(argv=None):
 
 def run(args):
     images = image_files(args)
-    from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs
+    from mmrepa.integrations.cli.outputs import check_outputs
+    from mmrepa.utils.files import atomic_folder, atomic_output
 
     check_outputs(
         'tools/image_demo.py',
@@ -172,7 +173,8 @@ def run(args):
         ],
     )
 
-    from mmrepa.apis import init_model, one_line_errors
+    from mmrepa.apis import init_model
+    from mmrepa.integrations.cli.args import one_line_errors
 
     with one_line_errors('tools/image_demo.py'):
         model = init_model(

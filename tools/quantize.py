@@ -43,10 +43,12 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.apis import init_model, load_config
 from mmrepa.errors import ConfigError
 from mmrepa.fold import is_foldable
+from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
+from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import (
     TensorForward,
     export_onnx,
@@ -68,7 +70,7 @@ from mmrepa.integrations.quantize import (
     sqnr_db,
     weighted_layers,
 )
-from mmrepa.utils.files import check_outputs, write_json
+from mmrepa.utils.files import write_json
 from mmrepa.utils.latency import time_interleaved
 from mmrepa.utils.machine import finish, machine_info
 

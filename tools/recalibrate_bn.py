@@ -13,12 +13,12 @@ existing OUT.pth is replaced, atomically (a temporary file beside it, renamed at
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.checkpoint.saving import save_atomically
 from mmrepa.engine import recalibrate_model_bn
+from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
-from mmrepa.utils.files import check_outputs
+from mmrepa.integrations.cli.outputs import check_outputs
 
 TOOL = 'tools/recalibrate_bn.py'
 

@@ -20,10 +20,11 @@ from mmengine.config import DictAction
 from mmengine.runner import load_checkpoint
 
 import mmrepa
-from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.apis import init_model, load_config
 from mmrepa.checkpoint import save_atomically
+from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.inputs import config_inputs
-from mmrepa.utils.files import check_outputs
+from mmrepa.integrations.cli.outputs import check_outputs
 
 TOOL = 'tools/reparameterize.py'
 

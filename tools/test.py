@@ -31,11 +31,13 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import one_line_errors, setup_cpu_distributed, tool_argument_parser, tool_config
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.errors import ConfigError
+from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
+from mmrepa.integrations.cli.distributed import setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
-from mmrepa.utils.files import atomic_folder, atomic_output, check_outputs, write_json
+from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.utils.files import atomic_folder, atomic_output, write_json
 
 TOOL = 'tools/test.py'
 
@@ -162,6 +164,9 @@ def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
                 num_batches=max(1, args.latency_batches),
             )
         ]
+        test_cfg = cfg.get('test_cfg') or {}
+        if test_cfg.get('type', 'TestLoop') == 'TestLoop':  # restores the model on failure too
+            cfg.test_cfg = dict(test_cfg, type='FoldedTestLoop')
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if args.out:  # every rank has the metric; the main process alone writes (a temporary)
         runner.test_evaluator.metrics.append(

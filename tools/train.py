@@ -10,7 +10,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.apis import one_line_errors, setup_cpu_distributed, tool_argument_parser, tool_config
+from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
+from mmrepa.integrations.cli.distributed import setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs
 
 

@@ -127,7 +127,7 @@ def main(argv=None):
     missing = missing_inputs('vis_features.py', args)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
-    from mmrepa.apis import one_line_errors
+    from mmrepa.integrations.cli.args import one_line_errors
 
     # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
     with one_line_errors('tools/vis_features.py'):
@@ -135,7 +135,8 @@ def main(argv=None):
 
 
 def run(args):
-    from mmrepa.utils.files import atomic_output, check_outputs
+    from mmrepa.integrations.cli.outputs import check_outputs
+    from mmrepa.utils.files import atomic_output
 
     check_outputs(
         'tools/vis_features.py',
@@ -148,7 +149,8 @@ def run(args):
     import torch
 
     import mmrepa
-    from mmrepa.apis import init_model, one_line_errors
+    from mmrepa.apis import init_model
+    from mmrepa.integrations.cli.args import one_line_errors
     from mmrepa.integrations.cli.inputs import read_image
 
     image = read_image('tools/vis_features.py', args.image)  # before the model is built

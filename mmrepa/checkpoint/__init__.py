@@ -8,7 +8,7 @@ from .loading import (
 )
 from .restricted_load import ForeignGlobalError, RefusedCheckpointError, load_restricted
 from .safe_globals import allow_mmengine_checkpoints
-from .saving import check_output_path, save_atomically
+from .saving import save_atomically
 from .schemes import install_restricted_loader, load_checkpoint_file
 from .stand_ins import ForeignConfig, ForeignNamespace
 from .validation import check_checkpoint, check_state_dict
@@ -31,6 +31,5 @@ __all__ = [
     'load_restricted',
     'check_checkpoint',
     'check_state_dict',
-    'check_output_path',
     'save_atomically',
 ]

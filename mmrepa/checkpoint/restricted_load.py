@@ -22,7 +22,6 @@ import threading
 from typing import Any, Iterator
 
 import torch
-from torch import _weights_only_unpickler
 
 from ..errors import CheckpointError
 from .stand_ins import FOREIGN_GLOBALS, MMENGINE_GLOBALS, collect_config_nodes, finish
@@ -57,20 +56,26 @@ def _entry_name(entry: Any) -> str:
     return f'{entry.__module__}.{entry.__qualname__}'
 
 
+def _replace_safe_globals(entries: list) -> None:
+    """torch's allow-list becomes ``entries`` (public API only: torch has no public removal)."""
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(entries)
+
+
 @contextlib.contextmanager
 def our_allow_list() -> Iterator[None]:
-    """torch's safe globals for one load: ours under our names, others' untouched."""
+    """torch's safe globals for one load: ours under our names, others' untouched (what
+    another thread registers meanwhile is kept)."""
     with _LOCK:
         registered = torch.serialization.get_safe_globals()
         aside = [g for g in registered if _entry_name(g) in _OUR_NAMES and g not in OUR_GLOBALS]
         added = [g for g in OUR_GLOBALS if g not in registered]
-        if aside:
-            _weights_only_unpickler._remove_safe_globals(aside)
+        _replace_safe_globals([g for g in registered if g not in aside] + added)
         try:
-            with torch.serialization.safe_globals(added):
-                yield
+            yield
         finally:
-            torch.serialization.add_safe_globals(aside)
+            now = torch.serialization.get_safe_globals()
+            _replace_safe_globals([g for g in now if g not in added] + aside)
 
 
 def _refusal(name: str, err: pickle.UnpicklingError) -> RefusedCheckpointError:

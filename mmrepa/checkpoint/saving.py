@@ -1,15 +1,8 @@
-"""Writing checkpoints the tools produce: never over their input, never half-written. The
-checks and the atomic write are :mod:`mmrepa.utils.files`'s, shared by every tool."""
+"""Writing checkpoints: never half-written (the atomic write of :mod:`mmrepa.utils.files`,
+shared by every tool; which paths a tool may write is checked by
+:mod:`mmrepa.integrations.cli.outputs`)."""
 
 import torch
-
-
-def check_output_path(out: str, source: str, force: bool = False, tool: str = 'mmrepa') -> None:
-    """Refuse ``out`` if it is the checkpoint ``source`` or a link to it, or exists and
-    ``force`` is not set (:func:`mmrepa.utils.files.check_outputs` with one input)."""
-    from ..utils.files import check_outputs  # mmrepa.utils imports more than `import mmrepa`
-
-    check_outputs(tool, [('OUT', out)], [('checkpoint', source)], force=force)
 
 
 def save_atomically(obj, path: str) -> None:

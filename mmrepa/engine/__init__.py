@@ -8,8 +8,10 @@ from .hooks import (
     recalibrate_bn,
     recalibrate_model_bn,
 )
+from .loops import FoldedTestLoop
 
 __all__ = [
+    'FoldedTestLoop',
     'BranchJoinScheduleHook',
     'BNRecalibrationHook',
     'PRepBNScheduleHook',

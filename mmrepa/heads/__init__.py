@@ -4,8 +4,7 @@ Not imported by ``import mmrepa``, which needs neither mmpretrain nor its start-
 classification configs list it, ``custom_imports = dict(imports=['mmrepa', 'mmrepa.heads'])``.
 """
 
-import mmrepa  # noqa: F401  (the backbones the heads sit on)
-
+from .. import backbones  # noqa: F401  (registers the backbones the heads sit on)
 from .metaformer_head import MetaFormerClsHead
 
 __all__ = ['MetaFormerClsHead']

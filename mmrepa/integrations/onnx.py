@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import InputError
+from .optional import imported
 
 
 def flatten_outputs(out) -> Iterator[torch.Tensor]:
@@ -71,8 +72,7 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, opset: int = 17) 
 
 def onnxruntime_session(path: str, threads: int = 0):
     """A CPU onnxruntime session; ``threads`` intra-op threads (0: onnxruntime's default)."""
-    import onnxruntime as ort
-
+    ort = imported('onnxruntime', __name__)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])

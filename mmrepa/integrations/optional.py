@@ -2,10 +2,11 @@
 
 mmrepa itself needs torch, mmengine and mmcv. ONNX export and INT8 (onnx, onnxruntime), whole-model
 deployment (mmdeploy) and plots (matplotlib) are optional. The rule: a module that uses one
-imports it where it is used, not at the top; a tool parses its arguments first (``--help`` always
-works), then calls :func:`require` for what the chosen options need, which raises
-:class:`~mmrepa.errors.DependencyError` naming the package and how to install it: the tool prints
-it as one line instead of a traceback (:func:`mmrepa.apis.one_line_errors`).
+imports it where it is used, not at the top, through :func:`imported` (or checks it first with
+:func:`require`), which raises :class:`~mmrepa.errors.DependencyError` naming the package and how
+to install it; a tool parses its arguments first (``--help`` always works), then calls
+:func:`require` for what the chosen options need, and prints the error as one line instead of a
+traceback (:func:`mmrepa.integrations.cli.args.one_line_errors`).
 """
 
 import importlib
@@ -43,3 +44,10 @@ def require(*modules: str, tool: str) -> None:
     problems = [p for p in map(missing, modules) if p]
     if problems:
         raise DependencyError('\n'.join(f'{tool}: {p}' for p in problems))
+
+
+def imported(module: str, user: str):
+    """``module`` imported, for ``user`` (a module or tool name, for the message); raises
+    :class:`~mmrepa.errors.DependencyError` if it is missing (see :func:`require`)."""
+    require(module, tool=user)
+    return importlib.import_module(module)

@@ -23,6 +23,7 @@ import torch
 from ..errors import ConfigError, InputError
 from ..fold import FoldPolicy, reparameterize
 from ..utils.files import atomic_output
+from .optional import imported
 
 WEIGHTED_OPS = ('Conv', 'MatMul', 'Gemm')
 
@@ -151,8 +152,7 @@ class CalibrationReader(_ReaderBase):
 
 def input_shape(path: str) -> Tuple[int, ...]:
     """The (static) shape of the ONNX graph's first input."""
-    import onnx
-
+    onnx = imported('onnx', __name__)
     dims = onnx.load(path, load_external_data=False).graph.input[0].type.tensor_type.shape.dim
     return tuple(d.dim_value for d in dims)
 
@@ -184,17 +184,16 @@ def quantize_qdq(
     float inputs. The inputs are checked against the graph's input shape first
     (:class:`CalibrationMismatch`); the file appears complete or not at all.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.calibrate import load_tensors_data
-
+    ortq = imported('onnxruntime.quantization', __name__)
+    QuantType = ortq.QuantType
+    calibrate = imported('onnxruntime.quantization.calibrate', __name__)
     if method not in CALIBRATION_METHODS:
         raise InputError(f'method must be one of {CALIBRATION_METHODS}, got {method!r}')
     expected = input_shape(float_path)
     check_inputs_shape(inputs, expected)
     exclude = list(exclude_nodes)
     if exclude_op_types:
-        import onnx
-
+        onnx = imported('onnx', __name__)
         graph = onnx.load(float_path, load_external_data=False).graph
         exclude += [n.name for n in graph.node if n.op_type in exclude_op_types]
     with (
@@ -202,18 +201,18 @@ def quantize_qdq(
         tempfile.TemporaryDirectory(prefix='mmrepa.calib.') as calib_dir,
     ):
         cache = osp.join(calib_dir, 'ranges.json')
-        quantize_static(
+        ortq.quantize_static(
             float_path,
             tmp,
             CalibrationReader(inputs, expected),
-            quant_format=QuantFormat.QDQ,
+            quant_format=ortq.QuantFormat.QDQ,
             per_channel=per_channel,
             reduce_range=reduce_range,
             activation_type=QuantType.QUInt8 if activation_type == 'uint8' else QuantType.QInt8,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=exclude or None,
             calibrate_method=getattr(
-                CalibrationMethod,
+                ortq.CalibrationMethod,
                 {'minmax': 'MinMax', 'entropy': 'Entropy', 'percentile': 'Percentile'}[method],
             ),
             extra_options=dict(ActivationSymmetric=symmetric_activations, WeightSymmetric=True),
@@ -221,7 +220,7 @@ def quantize_qdq(
         )
         ranges = {
             name: tuple(float(v) for v in np.asarray(r.range_value).reshape(-1)[:2])
-            for name, r in load_tensors_data(cache).data.items()
+            for name, r in calibrate.load_tensors_data(cache).data.items()
         }
     return ranges
 
@@ -239,8 +238,8 @@ def sqnr_db(reference: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> floa
 def qdq_summary(path: str) -> dict:
     """What a QDQ file holds: counts of QuantizeLinear / DequantizeLinear, of 8-bit weight
     dequantizations, and of those with one scale per output channel."""
-    import onnx
-    from onnx import numpy_helper
+    onnx = imported('onnx', __name__)
+    numpy_helper = imported('onnx.numpy_helper', __name__)
 
     graph = onnx.load(path).graph
     inits = {i.name: i for i in graph.initializer}
@@ -268,8 +267,7 @@ def runtime_op_counts(path: str, threads: int = 1) -> Dict[str, int]:
     ``QLinearConv``, ``QLinearMatMul``, ``MatMulIntegerToFloat`` ... where a kernel exists)."""
     import collections
 
-    import onnx
-    import onnxruntime as ort
+    onnx, ort = imported('onnx', __name__), imported('onnxruntime', __name__)
 
     with tempfile.TemporaryDirectory(prefix='mmrepa.ort.') as tmp:
         options = ort.SessionOptions()
@@ -298,8 +296,8 @@ def weighted_layers(
     layer (module scope), op, weight min / max / max |w|, the spread of per-output-channel
     max |w| (largest / median: what per-tensor scales would lose) and, given the calibration's
     ``activation_ranges``, the (min, max) of its input and output."""
-    import onnx
-    from onnx import numpy_helper
+    onnx = imported('onnx', __name__)
+    numpy_helper = imported('onnx.numpy_helper', __name__)
 
     graph = onnx.load(path).graph
     inits = {i.name: i for i in graph.initializer}

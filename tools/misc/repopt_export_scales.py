@@ -13,10 +13,11 @@ stops here. OUT may not be an input (the checkpoint, the config) or a link to on
 import argparse
 import sys
 
-from mmrepa.apis import init_model, load_config, one_line_errors
+from mmrepa.apis import init_model, load_config
 from mmrepa.checkpoint import save_atomically
+from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.inputs import config_inputs
-from mmrepa.utils.files import check_outputs
+from mmrepa.integrations.cli.outputs import check_outputs
 
 TOOL = 'tools/misc/repopt_export_scales.py'
 

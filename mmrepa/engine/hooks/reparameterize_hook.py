@@ -1,5 +1,4 @@
 import copy
-import functools
 import itertools
 import statistics
 from typing import Dict, Iterator, Optional, Tuple
@@ -9,7 +8,6 @@ import torch.nn as nn
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
-from mmengine.runner import BaseLoop
 from mmengine.runner.amp import autocast
 
 from ...fold import fold_model
@@ -63,8 +61,11 @@ class ReparameterizeHook(Hook):
     At ``before_test_epoch`` the hook folds a copy of the model (after the checkpoint is
     loaded, and after ``EMAHook`` has swapped in the averaged weights: it runs at ``LOW``
     priority) and tests that copy; ``after_test_epoch`` puts the original back, so EMA's
-    swap-back and anything after the test see the model they expect. The original also comes
-    back when the test fails part-way (the test loop is wrapped in ``before_run``). While the
+    swap-back and anything after the test see the model they expect. When the test fails
+    part-way no hook runs: with ``test_cfg = dict(type='FoldedTestLoop')``
+    (:class:`mmrepa.engine.FoldedTestLoop`, as ``tools/test.py --reparam`` sets it) the
+    original comes back then too; with mmengine's ``TestLoop`` ``runner.model`` stays the
+    folded copy (as mmengine's ``EMAHook`` leaves the averaged weights). While the
     copy is tested the original waits on the CPU, so an accelerator holds one model only.
     Validation during training is never touched.
 
@@ -104,24 +105,6 @@ class ReparameterizeHook(Hook):
         self._original_device: Optional[torch.device] = None
         self.results: Dict[str, float] = {}
 
-    def before_run(self, runner) -> None:
-        # Runner.test builds the test loop, then calls before_run, then test_loop.run(); no
-        # hook runs when the loop raises, so the restore is tied to the loop itself
-        loop = getattr(runner, '_test_loop', None)
-        if not isinstance(loop, BaseLoop) or getattr(loop.run, '_restores_model', False):
-            return
-        run = loop.run
-
-        @functools.wraps(run)
-        def run_and_restore(*args, **kwargs):
-            try:
-                return run(*args, **kwargs)
-            finally:
-                self._restore(runner)
-
-        run_and_restore._restores_model = True
-        loop.run = run_and_restore
-
     def before_test_epoch(self, runner) -> None:
         wrapper = runner.model if is_model_wrapper(runner.model) else None
         model = wrapper.module if wrapper is not None else runner.model
@@ -155,9 +138,10 @@ class ReparameterizeHook(Hook):
             runner.model = folded
 
     def after_test_epoch(self, runner, metrics=None) -> None:
-        self._restore(runner)
+        self.restore(runner)
 
-    def _restore(self, runner) -> None:
+    def restore(self, runner) -> None:
+        """Put the original model back (a no-op when it is in place)."""
         if self._original is None:
             return
         original, self._original = self._original, None

@@ -2,15 +2,16 @@
 
 mmengine's Runner writes the environment and the whole config (~540 lines) before it builds the
 model, so a typo in a type, an unknown ``arch`` or a checkpoint of another model used to surface
-below all that, in a traceback. Our tools call :func:`check_types` (from
-:func:`mmrepa.apis.load_config`) and :func:`check_model` (from
-:func:`mmrepa.integrations.cli.inputs.check_inputs`) first, which raise
+below all that, in a traceback. Our tools call :func:`check_custom_imports`,
+:func:`check_classifier` and :func:`check_types` (from :func:`mmrepa.apis.load_config`) and
+:func:`check_model` (from :func:`mmrepa.integrations.cli.inputs.check_inputs`) first, which raise
 :class:`~mmrepa.errors.ConfigError` or :class:`~mmrepa.errors.CheckpointError` with one line
 per problem.
 
 mmdet's, mmseg's and mmpretrain's own tools (``mim train mmdet CONFIG``) build our backbones
-inside their Runner, after the print-out; there :func:`install_excepthook` turns the errors whose
-cause is known into one line at the end instead of a traceback (see :func:`explain`).
+inside their Runner, after the print-out; there the excepthook of :mod:`mmrepa.seams` turns the
+errors whose cause is known into one line at the end instead of a traceback (see
+:func:`explain`).
 """
 
 import copy
@@ -128,6 +129,57 @@ def check_types(cfg: Config) -> None:
     problems = unknown_types(cfg)
     if problems:
         raise ConfigError('\n'.join(problems))
+
+
+def _mmrepa_types() -> set:
+    from mmengine.registry import HOOKS, MODELS
+
+    return {
+        name
+        for registry in (MODELS, HOOKS)
+        for name, cls in registry.module_dict.items()
+        if cls.__module__.startswith('mmrepa.')
+    }
+
+
+def check_custom_imports(cfg: Config) -> None:
+    """Refuse a config that uses mmrepa modules without importing mmrepa itself.
+
+    Our tools import mmrepa anyway, but mmdet's and mmseg's tools would fail on such a config
+    with an unhelpful "not in the registry" error; say what to add instead.
+    """
+    imports = (cfg.get('custom_imports') or {}).get('imports', [])
+    imports = [imports] if isinstance(imports, str) else list(imports)
+    if any(i == 'mmrepa' or i.startswith('mmrepa.') for i in imports):
+        return
+    used = sorted({name for _, name, _ in _typed_nodes(cfg.to_dict(), 'cfg', '')} & _mmrepa_types())
+    if used:
+        raise ConfigError(
+            f'config {cfg.filename} uses {", ".join(used)} from mmrepa but does not import '
+            "mmrepa: add custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False) "
+            'to it (mmdet and mmseg tools need it to find these modules).'
+        )
+
+
+def check_classifier(cfg: Config) -> None:
+    """Refuse an mmpretrain classifier whose backbone gives several feature maps to a neck and
+    head that use one: ``GlobalAveragePooling`` pools each map and the head reads the last, so
+    the other stages' outputs (and their norms) would be computed, trained and never used."""
+    model = cfg.get('model') or {}
+    backbone, neck = model.get('backbone') or {}, model.get('neck') or {}
+    out_indices = backbone.get('out_indices')
+    if (
+        model.get('type') == 'ImageClassifier'
+        and neck.get('type') == 'GlobalAveragePooling'
+        and out_indices is not None
+        and len(out_indices) != 1
+    ):
+        raise ConfigError(
+            f'config {cfg.filename}: model.backbone.out_indices={tuple(out_indices)} gives '
+            f"{len(out_indices)} feature maps, but the classifier's GlobalAveragePooling neck "
+            "and head use one (the last stage's): set out_indices=(3, ) (or the index of the "
+            'stage to classify from).'
+        )
 
 
 def build_backbone(cfg: Config) -> Optional[nn.Module]:
@@ -279,25 +331,3 @@ def explain(err: BaseException, tb=None) -> Optional[str]:
     if cfg is None:
         return None
     return '\n'.join(_data_problems(err, cfg)) or None
-
-
-def _excepthook(kind, err, tb, previous) -> None:
-    line = None
-    if not os.environ.get('MMREPA_TRACEBACK'):
-        try:
-            line = explain(err, tb)
-        except Exception:  # noqa: BLE001  never hide the real error behind one of ours
-            line = None
-    if line is None:
-        previous(kind, err, tb)
-    else:
-        sys.stderr.write(f'{line}\n{TRACEBACK_HINT}\n')
-
-
-def install_excepthook() -> None:
-    """Print the errors :func:`explain` knows as one line instead of a traceback, in any
-    process that imports mmrepa (mmdet's tools do through the config's ``custom_imports``).
-    Leaves a hook someone else installed (IPython, a debugger) alone."""
-    if sys.excepthook is sys.__excepthook__:
-        previous = sys.excepthook
-        sys.excepthook = lambda kind, err, tb: _excepthook(kind, err, tb, previous)

@@ -298,7 +298,7 @@ def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
     config key it comes from and the README section that says how to get it;
     :class:`~mmrepa.errors.ConfigError` or :class:`~mmrepa.errors.CheckpointError` (one line per
     problem) for the rest. A tool prints them without traceback
-    (:func:`mmrepa.apis.one_line_errors`).
+    (:func:`mmrepa.integrations.cli.args.one_line_errors`).
     """
     missing = find_missing_inputs(cfg, **kwargs)
     if missing:
