@@ -28,13 +28,13 @@ def test_a_config_using_mmrepa_without_importing_it_is_refused(tmp_path):
 
 def test_configs_that_import_mmrepa_or_do_not_use_it_pass():
     check_custom_imports(
-        Config.fromfile(osp.join(ROOT, 'configs', 'retinanet_repa_swin_b_1x_coco.py'))
+        Config.fromfile(osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_b_1x_coco.py'))
     )
     check_custom_imports(Config(dict(model=dict(type='RetinaNet'))))
 
 
 def test_tool_arguments_and_config(tmp_path, monkeypatch):
-    config = osp.join(ROOT, 'configs', 'retinanet_repa_swin_t_1x_coco.py')
+    config = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_t_1x_coco.py')
     parser = tool_argument_parser('a tool')
     parser.add_argument('checkpoint')
     args = parser.parse_args(

@@ -605,7 +605,7 @@ def joined_classifier(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp('depthrep')
     config = tiny_classifier_config(
-        'depthrep_vit_tiny_d6_8xb128_join_in1k.py',
+        'depth_rep_vit/depthrep_vit_tiny_d6_8xb128_join_in1k.py',
         dict(embed_dims=16, num_layers=12, num_heads=2),
         write_images(str(tmp / 'data')),
         str(tmp / 'join.py'),
@@ -683,9 +683,9 @@ def test_the_dense_configs_load_the_joined_classifier(joined_classifier):
     config, checkpoint = joined_classifier
     classifier = torch.load(checkpoint, map_location='cpu', weights_only=False)['state_dict']
     for name in (
-        'mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py',
-        'retinanet_depthrep_vit_tiny_d6_1x_coco.py',
-        'upernet_depthrep_vit_tiny_d6_512x512_160k_ade20k.py',
+        'depth_rep_vit/mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py',
+        'depth_rep_vit/retinanet_depthrep_vit_tiny_d6_1x_coco.py',
+        'depth_rep_vit/upernet_depthrep_vit_tiny_d6_512x512_160k_ade20k.py',
     ):
         cfg = Config.fromfile(f'{osp.dirname(osp.dirname(__file__))}/configs/{name}')
         cfg.model.backbone.arch = dict(embed_dims=16, num_layers=12, num_heads=2)

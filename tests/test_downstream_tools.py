@@ -18,7 +18,7 @@ from .conftest import run_script_here, shapes_cfg_options
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
-UPERNET = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+UPERNET = osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
 
 
 def run(*args, ok=True):

@@ -214,12 +214,12 @@ DEMO = osp.join(ROOT, 'configs', 'demo')
         ),
         # a neck and a head
         (
-            'retinanet_depthrep_vit_tiny_d6_1x_coco.py',
+            'depth_rep_vit/retinanet_depthrep_vit_tiny_d6_1x_coco.py',
             ['model.neck.scale_factors=(3.0,)'],
             'SimpleFPN scale_factors (3.0,): [3.0] not supported',
         ),
         (
-            'convformer_s18_32xb128_in1k.py',
+            'metaformer/convformer_s18_32xb128_in1k.py',
             ['model.head.num_classes=0'],
             'num_classes must be positive, got 0',
         ),

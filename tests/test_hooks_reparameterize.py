@@ -142,7 +142,8 @@ def two_stage():
         'test_dataloader.dataset.pipeline.1.scale': (128, 96),
     }
     model = init_model(
-        osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py'), cfg_options=options
+        osp.join(ROOT, 'configs', 'repa_swin', 'mask-rcnn_repa_swin_t_1x_coco.py'),
+        cfg_options=options,
     )
     randomize_(model.backbone)
     return model, pipeline_batch(model.cfg, (96, 128))

@@ -21,7 +21,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
 # the RePa-Swin UperNet config with a tiny backbone and heads, BN for SyncBN, small test images
 TINY_UPERNET = f"""
-_base_ = {osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')!r}
+_base_ = {osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')!r}
 norm_cfg = dict(type='BN', requires_grad=True)
 model = dict(
     backbone=dict(arch=dict(_delete_=True, embed_dims=16, depths=(2, 2, 2, 2),

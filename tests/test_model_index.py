@@ -1,4 +1,5 @@
-"""The model index (model-index.yml, configs/metafiles) and its packaging in mmrepa/.mim."""
+"""The model index (model-index.yml, configs/<family>/metafile.yml) and its packaging in
+mmrepa/.mim."""
 
 import importlib.util
 import json
@@ -16,7 +17,7 @@ MIM = osp.join(osp.dirname(osp.abspath(mmrepa.__file__)), '.mim')
 REINSTALL = 'pip install --no-deps --no-build-isolation -e . (it links mmrepa/.mim)'
 # the quickest config to count at its full test size (32 x 32; 13 s with one thread in the
 # generator's run): the one counted again by the test
-CHEAPEST = 'configs/hs_repopt_vgg_b1_cifar100.py'
+CHEAPEST = 'configs/repopt_vgg/hs_repopt_vgg_b1_cifar100.py'
 
 
 def load_generator():
@@ -47,7 +48,7 @@ def indexed_models() -> dict:
 def test_mim_dir_is_installed():
     for path in (
         'model-index.yml',
-        'configs/retinanet_repa_swin_t_1x_coco.py',
+        'configs/repa_swin/retinanet_repa_swin_t_1x_coco.py',
         'configs/demo/retinanet_repa_swin_shapes.py',
         'tools/train.py',
         'tools/test.py',
@@ -151,8 +152,8 @@ def test_a_wheel_carries_copies_and_mim_search_finds_the_models(tmp_path):
     mim = osp.join(site, 'mmrepa', '.mim')
     for path in (
         'model-index.yml',
-        'configs/retinanet_repa_swin_t_1x_coco.py',
-        'configs/metafiles/repa_swin.yml',
+        'configs/repa_swin/retinanet_repa_swin_t_1x_coco.py',
+        'configs/repa_swin/metafile.yml',
         'tools/train.py',
     ):
         assert osp.isfile(osp.join(mim, path)) and not osp.islink(osp.join(mim, path)), path
@@ -177,3 +178,18 @@ def test_a_wheel_carries_copies_and_mim_search_finds_the_models(tmp_path):
     assert (
         found['retinanet_repa_swin_t_1x_coco'] == models['retinanet_repa_swin_t_1x_coco']['Config']
     )
+
+
+def test_each_family_readme_lists_its_metafile_models_with_the_papers_numbers():
+    """A family folder's README.md has one row per model of its metafile, in order, with the
+    metafile's parameter count and the paper's numbers (Results)."""
+    for metafile in read_yaml(osp.join(ROOT, 'model-index.yml'))['Import']:
+        with open(osp.join(ROOT, osp.dirname(metafile), 'README.md')) as f:
+            rows = [ln for ln in f.read().splitlines() if ln.startswith('| [')]
+        models = read_yaml(osp.join(ROOT, metafile))['Models']
+        assert [r.split(']')[0][3:] for r in rows] == [m['Name'] for m in models], metafile
+        for row, model in zip(rows, models):
+            assert f'| {model["Metadata"]["Parameters"] / 1e6:.1f} → ' in row, row
+            for result in model.get('Results', []):
+                for value in result['Metrics'].values():
+                    assert f'{value} ' in row.split('|')[-2], row

@@ -55,7 +55,9 @@ def coco(tmp_path_factory):
 
 def test_detection_heads_and_data_sets_follow_the_data(tmp_path):
     root = coco_with_other_classes(str(tmp_path / 'coco'), layout='coco') + '/'
-    cascade = load_config(osp.join(ROOT, 'configs', 'cascade-mask-rcnn_repa_swin_t_1x_coco.py'))
+    cascade = load_config(
+        osp.join(ROOT, 'configs', 'repa_swin', 'cascade-mask-rcnn_repa_swin_t_1x_coco.py')
+    )
     # a wrapped training set: the data set inside gets the data
     cascade.train_dataloader.dataset = dict(
         type='RepeatDataset', times=2, dataset=cascade.train_dataloader.dataset
@@ -88,11 +90,11 @@ def test_detection_heads_and_data_sets_follow_the_data(tmp_path):
         demo.train_dataloader.dataset.data_prefix.img,
         demo.model.bbox_head.num_classes,
     ) == ('annotations/instances_train2017.json', 'train2017/', 2)
-    mask = load_config(osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py'))
+    mask = load_config(osp.join(ROOT, 'configs', 'repa_swin', 'mask-rcnn_repa_swin_t_1x_coco.py'))
     use_own_data(mask, root)
     assert mask.model.roi_head.bbox_head.num_classes == 2
     assert mask.model.roi_head.mask_head.num_classes == 2
-    retina = load_config(osp.join(ROOT, 'configs', 'retinanet_repa_swin_t_1x_coco.py'))
+    retina = load_config(osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_t_1x_coco.py'))
     use_own_data(retina, root, classes=['square'])  # one of the categories
     assert retina.model.bbox_head.num_classes == 1
     assert retina.val_dataloader.dataset.metainfo.classes == ('square',)
@@ -233,7 +235,9 @@ def ade(tmp_path_factory):
 def test_segmentation_classes_from_classes_txt(ade):
     with open(osp.join(ade, 'classes.txt'), 'w') as f:
         f.write('ground\nround\nbox\nwedge\n')
-    cfg = load_config(osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py'))
+    cfg = load_config(
+        osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+    )
     use_own_data(cfg, ade)
     assert cfg.model.decode_head.num_classes == 4
     assert cfg.model.auxiliary_head.num_classes == 4
@@ -271,7 +275,7 @@ def test_classification_classes_from_the_folders(tmp_path):
         os.makedirs(osp.join(root, split, 'blob'))
         first = sorted(os.listdir(osp.join(root, split, 'circle')))[0]
         shutil.copy(osp.join(root, split, 'circle', first), osp.join(root, split, 'blob'))
-    imagenet = load_config(osp.join(ROOT, 'configs', 'repa_swin_t_32xb128_in1k.py'))
+    imagenet = load_config(osp.join(ROOT, 'configs', 'repa_swin', 'repa_swin_t_32xb128_in1k.py'))
     use_own_data(imagenet, root)
     assert imagenet.model.head.num_classes == 4
     assert imagenet.data_preprocessor.num_classes == 4

@@ -1,6 +1,6 @@
 """ImageNet pretraining in mmpretrain and the hand-off to detection and segmentation.
 
-A classifier config (``configs/*_in1k.py``, shrunk to a tiny arch and given a few generated
+A classifier config (``configs/<family>/*_in1k.py``, shrunk to a tiny arch and given a few generated
 images) is trained for a few iterations with ``tools/train.py`` (at the command line for one
 family, in this process for the others); the RetinaNet and UperNet
 configs of the same family load its checkpoint through their backbone's ``init_cfg``, with
@@ -33,25 +33,31 @@ ITERS = 4
 
 # classifier config -> (dense configs that load its checkpoint, tiny arch)
 FAMILIES = {
-    'repa_swin_t_32xb128_in1k.py': (
-        ('retinanet_repa_swin_t_1x_coco.py', 'upernet_repa_swin_t_512x512_160k_ade20k.py'),
+    'repa_swin/repa_swin_t_32xb128_in1k.py': (
+        (
+            'repa_swin/retinanet_repa_swin_t_1x_coco.py',
+            'repa_swin/upernet_repa_swin_t_512x512_160k_ade20k.py',
+        ),
         TINY_ARCH,
     ),
-    'repa_caformer_s18_32xb128_in1k.py': (
+    'metaformer/repa_caformer_s18_32xb128_in1k.py': (
         (
-            'retinanet_repa_caformer_s18_1x_coco.py',
-            'upernet_repa_caformer_s18_512x512_160k_ade20k.py',
+            'metaformer/retinanet_repa_caformer_s18_1x_coco.py',
+            'metaformer/upernet_repa_caformer_s18_512x512_160k_ade20k.py',
         ),
         METAFORMER_TINY,
     ),
-    'prepbn_swin_t_8xb128_in1k.py': (
-        ('retinanet_prepbn_swin_t_1x_coco.py', 'upernet_prepbn_swin_t_512x512_160k_ade20k.py'),
+    'prepbn_swin/prepbn_swin_t_8xb128_in1k.py': (
+        (
+            'prepbn_swin/retinanet_prepbn_swin_t_1x_coco.py',
+            'prepbn_swin/upernet_prepbn_swin_t_512x512_160k_ade20k.py',
+        ),
         TINY_ARCH,
     ),
 }
 # the family trained at the command line (test_tools_take_the_classifier_config reads its log);
 # the others run tools/train.py's main() in this process, without a subprocess's imports
-CLI_FAMILY = 'repa_swin_t_32xb128_in1k.py'
+CLI_FAMILY = 'repa_swin/repa_swin_t_32xb128_in1k.py'
 
 
 def run_tool(*args, ok=True):
@@ -142,7 +148,7 @@ def train(tmp_path_factory):
 
     def trained(base):
         if base not in done:
-            tmp = tmp_path_factory.mktemp(base.split('_32xb')[0].split('_8xb')[0])
+            tmp = tmp_path_factory.mktemp(osp.basename(base).split('_32xb')[0].split('_8xb')[0])
             data = write_images(str(tmp / 'data'))
             config = tiny_classifier_config(
                 base, FAMILIES[base][1], data, str(tmp / 'classifier.py')
@@ -269,7 +275,7 @@ def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
 
 def test_a_classifier_with_several_outputs_is_refused_by_option():
     """Every tool loads configs through load_config, and prints a ConfigError as one line."""
-    config = osp.join(ROOT, 'configs', 'repa_swin_t_32xb128_in1k.py')
+    config = osp.join(ROOT, 'configs', 'repa_swin', 'repa_swin_t_32xb128_in1k.py')
     with pytest.raises(
         ConfigError,
         match=r'model\.backbone\.out_indices=\(0, 1, 2, 3\).*'

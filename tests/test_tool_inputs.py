@@ -20,8 +20,8 @@ from mmrepa.integrations.cli.inputs import (
 )
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RETINANET = osp.join(ROOT, 'configs', 'retinanet_repa_swin_b_1x_coco.py')
-UPERNET = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+RETINANET = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_b_1x_coco.py')
+UPERNET = osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
 PARTS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
 

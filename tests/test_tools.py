@@ -207,7 +207,7 @@ def test_export_onnx_backbone_and_single_stage_detector(trained, tmp_path):
         log = run_script_here(*args)[1] if flags else run_tool(*args)
         err = float(log.split('max abs difference')[-1].split()[0])
         assert err < 1e-4 and osp.getsize(out) > 0, log
-    mask_rcnn = osp.join(ROOT, 'configs', 'mask-rcnn_repa_swin_t_1x_coco.py')
+    mask_rcnn = osp.join(ROOT, 'configs', 'repa_swin', 'mask-rcnn_repa_swin_t_1x_coco.py')
     log = run_script_here(
         'tools/export_onnx.py',
         mask_rcnn,
@@ -238,12 +238,12 @@ SMALL_BACKBONE = [
 ]
 # a two-stage detector (its RPN needs the image metas) and a segmentor, on small test images
 SMALL_TEST_IMAGES = {
-    'mask-rcnn_repa_swin_t_1x_coco.py': [
+    'repa_swin/mask-rcnn_repa_swin_t_1x_coco.py': [
         'test_dataloader.dataset.pipeline.1.scale=(128,96)',
         *SMALL_BACKBONE,
         'model.neck.in_channels=[16,32,64,128]',
     ],
-    'upernet_repa_swin_t_512x512_160k_ade20k.py': [
+    'repa_swin/upernet_repa_swin_t_512x512_160k_ade20k.py': [
         'test_dataloader.dataset.pipeline.1.scale=(128,96)',
         *SMALL_BACKBONE,
         'model.decode_head.in_channels=[16,32,64,128]',
@@ -310,11 +310,11 @@ def ade_like(tmp_path_factory):
 
 
 def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
-    config = osp.join(ROOT, 'configs', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+    config = osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
     # small images and widths keep it quick; BN for SyncBN (one process); otherwise the real
     # config
     options = [
-        *SMALL_TEST_IMAGES['upernet_repa_swin_t_512x512_160k_ade20k.py'][1:],
+        *SMALL_TEST_IMAGES['repa_swin/upernet_repa_swin_t_512x512_160k_ade20k.py'][1:],
         'model.data_preprocessor.size=(64,64)',
         'model.decode_head.norm_cfg.type=BN',
         'model.auxiliary_head.norm_cfg.type=BN',

@@ -1,6 +1,7 @@
 """Train a detector, segmentor or classifier from an mmdet / mmseg / mmpretrain config.
 
-    python tools/train.py configs/retinanet_repa_swin_b_1x_coco.py [--work-dir DIR] [--resume]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume]
+    python tools/train.py configs/repa_swin/retinanet_repa_swin_b_1x_coco.py
 
 Before building anything it checks that the data, the pretrained weights and ``load_from``
 exist, and names every missing path.

@@ -1,7 +1,7 @@
 # `tools/demo.py --task mask-rcnn`: a small PRepBN-Swin Mask R-CNN trained from scratch on the
 # generated shapes (their COCO polygons are the instance masks) in a few CPU minutes. Every norm
 # inside the backbone goes from LayerNorm to RepBN while training (PRepBNScheduleHook) and folds
-# into its neighbour at test time. Real data: configs/mask-rcnn_prepbn_swin_t_1x_coco.py.
+# into its neighbour at test time. Real data: configs/prepbn_swin/mask-rcnn_prepbn_swin_t_1x_coco.py.
 _base_ = './retinanet_repa_swin_shapes.py'  # data set, optimizer, runtime
 
 model = dict(

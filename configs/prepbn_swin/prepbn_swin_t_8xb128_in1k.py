@@ -1,7 +1,7 @@
 # Swin-T-PRepBN on ImageNet-1k with SLAB's recipe (appendix Table A1): every LayerNorm a
 # PRepBN with λ = 0 from the first iteration (Table A1: 0 decay steps for Swin-T, pure RepBN),
 # drop path 0.1, then 10 epochs of BatchNorm statistics only (the paper reports 81.4 % top-1).
-_base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/slab_adamw_in1k.py']
+_base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/slab_adamw_in1k.py']
 
 model = dict(
     backbone=dict(

@@ -8,7 +8,7 @@
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/datasets/coco_instance.py',
-    './_base_/schedules/swin_adamw_1x.py',
+    '../_base_/schedules/swin_adamw_1x.py',
     'mmdet::_base_/default_runtime.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)

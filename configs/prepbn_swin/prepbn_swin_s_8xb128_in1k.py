@@ -1,7 +1,7 @@
 # Swin-S-PRepBN on ImageNet-1k with SLAB's recipe (appendix Table A1): every LayerNorm a
 # PRepBN, λ decaying from 1 to 0 over 300000 iterations (about 240 of the 300 epochs at batch 1024),
 # drop path 0.3, then 10 epochs of BatchNorm statistics only (the paper reports 83.2 % top-1).
-_base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/slab_adamw_in1k.py']
+_base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/slab_adamw_in1k.py']
 
 model = dict(
     backbone=dict(

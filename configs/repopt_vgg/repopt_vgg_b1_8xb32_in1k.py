@@ -3,7 +3,7 @@
 # hs_repopt_vgg_b1_cifar100.py, exported by tools/misc/repopt_export_scales.py, or the released
 # RepOpt-VGG-B1-scales.pth). Trained from scratch: the rule of initialization runs in
 # init_weights, never over loaded or resumed weights.
-_base_ = ['./_base_/schedules/repopt_sgd_120e_in1k.py']
+_base_ = ['../_base_/schedules/repopt_sgd_120e_in1k.py']
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 scales = 'checkpoints/RepOpt-VGG-B1-scales.pth'

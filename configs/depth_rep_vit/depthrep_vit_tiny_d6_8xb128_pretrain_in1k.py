@@ -4,8 +4,8 @@
 # model reaches 70.2 % top-1 in the paper (Table 2). Classifier: mean of the patch tokens,
 # LayerNorm (the backbone's output norm, the paper's fc_norm), Linear.
 _base_ = [
-    '_base_/schedules/deit_adamw_in1k.py',
-    '_base_/models/in1k_classifier.py',
+    '../_base_/schedules/deit_adamw_in1k.py',
+    '../_base_/models/in1k_classifier.py',
 ]
 custom_imports = dict(imports=['mmrepa', 'mmrepa.classifiers'], allow_failed_imports=False)
 

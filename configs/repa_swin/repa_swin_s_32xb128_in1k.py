@@ -2,7 +2,7 @@
 # 300 epochs; learning rate, minimum, weight decay and drop path of the paper's Table 7
 # (the paper reports 81.6 % top-1). The checkpoint is what the RePa-Swin-S detection and
 # segmentation configs load (their `pretrained`).
-_base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/repaformer_lamb_in1k.py']
+_base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/repaformer_lamb_in1k.py']
 
 lr, min_lr = 0.006, 5e-05
 model = dict(

@@ -1,7 +1,7 @@
 # CAFormer-S36 on ImageNet-1k with the MetaFormer Baselines recipe (Table XIV): LAMB at
 # 8e-3, batch 4096, 300 epochs, drop path 0.3, head dropout 0.4; global attention at 224 px
 # (the paper reports 84.5 % top-1).
-_base_ = ['./_base_/models/in1k_classifier.py', './_base_/schedules/metaformer_in1k.py']
+_base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/metaformer_in1k.py']
 
 lr = 8e-3
 model = dict(
