@@ -9,6 +9,7 @@
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::common/lsj-100e_coco-instance.py',
+    '../_base_/models/depth_rep_vit.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
@@ -17,18 +18,8 @@ image_size = (640, 640)
 model = dict(
     data_preprocessor=dict(pad_size_divisor=32),
     backbone=dict(
+        _base_.depthrep_vit_backbone,
         _delete_=True,
-        type='DepthRepViT',
-        arch='tiny',
-        depth=6,
-        join='logits',
-        img_size=224,
-        with_cls_token=False,
-        out_type='featmap',
-        out_indices=(-1,),
-        window_size=14,
-        global_blocks=(2, 5),
-        join_lambda=1.0,  # the joined model: BranchJoinScheduleHook is not needed
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(_delete_=True, type='SimpleFPN', in_channels=192, out_channels=256, num_outs=5),

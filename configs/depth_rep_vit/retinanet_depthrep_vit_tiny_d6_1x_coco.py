@@ -2,24 +2,17 @@
 # in the paper). The pyramid makes strides 8-32 from the stride-16 map and two more levels by
 # pooling, the strides RetinaNet's anchors expect (8-128). AdamW as the Mask R-CNN config
 # (mask-rcnn_depthrep_vit_tiny_d6_lsj-100e_coco.py); mmdet's 1x data and steps otherwise.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+_base_ = [
+    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
+    '../_base_/models/depth_rep_vit.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'work_dirs/depthrep_vit_tiny_d6_8xb128_join_in1k/epoch_48.pth'
 model = dict(
     backbone=dict(
+        _base_.depthrep_vit_backbone,
         _delete_=True,
-        type='DepthRepViT',
-        arch='tiny',
-        depth=6,
-        join='logits',
-        img_size=224,
-        with_cls_token=False,
-        out_type='featmap',
-        out_indices=(-1,),
-        window_size=14,
-        global_blocks=(2, 5),
-        join_lambda=1.0,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(

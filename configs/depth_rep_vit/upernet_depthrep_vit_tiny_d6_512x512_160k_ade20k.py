@@ -2,26 +2,19 @@
 # recipe of mmseg's ViT/DeiT UperNet configs (configs/vit/). The four levels come from ViTDet's
 # simple feature pyramid on the last block's stride-16 map (mmseg's ViT configs take four
 # blocks' maps through a multi-level neck instead); window 14, global blocks 2 and 5.
-_base_ = 'mmseg::vit/vit_deit-b16_upernet_8xb2-160k_ade20k-512x512.py'
+_base_ = [
+    'mmseg::vit/vit_deit-b16_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/models/depth_rep_vit.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'work_dirs/depthrep_vit_tiny_d6_8xb128_join_in1k/epoch_48.pth'
 model = dict(
     pretrained=None,
     backbone=dict(
+        _base_.depthrep_vit_backbone,
         _delete_=True,
-        type='DepthRepViT',
-        arch='tiny',
-        depth=6,
-        join='logits',
-        img_size=224,
-        with_cls_token=False,
-        out_type='featmap',
-        out_indices=(-1,),
-        window_size=14,
-        global_blocks=(2, 5),
         drop_path_rate=0.1,
-        join_lambda=1.0,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(_delete_=True, type='SimpleFPN', in_channels=192, out_channels=256, num_outs=4),

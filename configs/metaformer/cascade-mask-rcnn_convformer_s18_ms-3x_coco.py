@@ -2,9 +2,10 @@
 # setup (AdamW, multi-scale training, 3x, as Swin and ConvNeXt), on mmdet's ConvNeXt recipe
 # (4conv1fc GIoU box heads; configs/convnext/cascade-mask-rcnn_convnext-t-p4-w7_fpn_
 # 4conv1fc-giou_amp-ms-crop-3x_coco.py) with Swin's AdamW (lr 1e-4, wd 0.05), fp32.
-_base_ = (
-    'mmdet::convnext/cascade-mask-rcnn_convnext-t-p4-w7_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py'  # noqa
-)
+_base_ = [
+    'mmdet::convnext/cascade-mask-rcnn_convnext-t-p4-w7_fpn_4conv1fc-giou_amp-ms-crop-3x_coco.py',  # noqa
+    '../_base_/models/metaformer.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 # ImageNet-1k weights in timm's format (e.g. convformer_s18.sail_in1k) or the original
@@ -12,14 +13,8 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 pretrained = 'checkpoints/convformer_s18.sail_in1k.pth'
 model = dict(
     backbone=dict(
+        _base_.convformer_backbone,
         _delete_=True,
-        type='ConvFormer',
-        arch='s18',
-        idle_ratio=0.0,
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[64, 128, 320, 512]),

@@ -1,7 +1,10 @@
 # Mask R-CNN, multi-scale 3x, with a ConvFormer-S18 backbone: the MetaFormer paper's setup
 # (AdamW, multi-scale training, 3x), on mmdet's Swin recipe
 # (configs/swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py).
-_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
+_base_ = [
+    'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
+    '../_base_/models/metaformer.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 # ImageNet-1k weights in timm's format (e.g. convformer_s18.sail_in1k) or the original
@@ -9,14 +12,8 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 pretrained = 'checkpoints/convformer_s18.sail_in1k.pth'
 model = dict(
     backbone=dict(
+        _base_.convformer_backbone,
         _delete_=True,
-        type='ConvFormer',
-        arch='s18',
-        idle_ratio=0.0,
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[64, 128, 320, 512]),

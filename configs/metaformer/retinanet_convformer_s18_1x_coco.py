@@ -1,7 +1,10 @@
 # RetinaNet 1x with a ConvFormer-S18 backbone, on mmdet's Swin RetinaNet recipe
 # (configs/swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py) with AdamW (lr 1e-4, wd 0.05) as in the
 # MetaFormer paper's detection setups.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+_base_ = [
+    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
+    '../_base_/models/metaformer.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 # ImageNet-1k weights in timm's format (e.g. convformer_s18.sail_in1k) or the original
@@ -9,14 +12,9 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 pretrained = 'checkpoints/convformer_s18.sail_in1k.pth'
 model = dict(
     backbone=dict(
+        _base_.convformer_backbone,
         _delete_=True,
-        type='ConvFormer',
-        arch='s18',
-        idle_ratio=0.0,
-        drop_path_rate=0.2,
         out_indices=(1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[128, 320, 512], start_level=0, num_outs=5),

@@ -1,7 +1,10 @@
 # UperNet 160k on ADE20K 512x512 with a ConvFormer-S18 backbone: the MetaFormer paper's setup
 # (AdamW, batch 16, 160k iterations), on mmseg's Swin recipe
 # (configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py).
-_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
+_base_ = [
+    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/models/metaformer.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 # ImageNet-1k weights in timm's format (e.g. convformer_s18.sail_in1k) or the original
@@ -9,14 +12,9 @@ custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 pretrained = 'checkpoints/convformer_s18.sail_in1k.pth'
 model = dict(
     backbone=dict(
+        _base_.convformer_backbone,
         _delete_=True,
-        type='ConvFormer',
-        arch='s18',
-        idle_ratio=0.0,
         drop_path_rate=0.3,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     decode_head=dict(in_channels=[64, 128, 320, 512]),

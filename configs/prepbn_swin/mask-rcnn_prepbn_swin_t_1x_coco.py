@@ -10,20 +10,15 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     '../_base_/schedules/swin_adamw_1x.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/models/prepbn_swin.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth'  # noqa
 model = dict(
     backbone=dict(
+        _base_.prepbn_swin_backbone,
         _delete_=True,
-        type='PRepBNSwin',
-        arch='tiny',
-        idle_ratio=0.0,
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[96, 192, 384, 768]),

@@ -2,20 +2,18 @@
 # configs/swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py. Like mask-rcnn_prepbn_swin_t_1x_coco.py:
 # starts from the official Swin-T weights (LN branches), learns the RepBN branches while lambda
 # decays, recalibrates the BatchNorm statistics at the end, folds every norm at test time.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+_base_ = [
+    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
+    '../_base_/models/prepbn_swin.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth'  # noqa
 model = dict(
     backbone=dict(
+        _base_.prepbn_swin_backbone,
         _delete_=True,
-        type='PRepBNSwin',
-        arch='tiny',
-        idle_ratio=0.0,
-        drop_path_rate=0.2,
         out_indices=(1, 2, 3),  # only what the FPN uses
-        norm_eval=False,  # the RepBN statistics are learned here
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[192, 384, 768], start_level=0, num_outs=5),

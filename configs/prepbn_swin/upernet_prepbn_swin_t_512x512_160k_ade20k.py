@@ -3,22 +3,20 @@
 # Starts from the official Swin-T weights (LN branches) and learns the RepBN branches while
 # lambda decays: pure LayerNorm during the 1500-iteration LR warm-up, pure RepBN after 60 % of
 # the 160k iterations; BatchNorm statistics recalibrated at the end; every norm folds at test.
-_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
+_base_ = [
+    'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    '../_base_/models/prepbn_swin.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'https://github.com/SwinTransformer/storage/releases/download/v1.0.0/swin_tiny_patch4_window7_224.pth'  # noqa
 model = dict(
     backbone=dict(
+        _base_.prepbn_swin_backbone,
         _delete_=True,
-        type='PRepBNSwin',
-        arch='tiny',
-        idle_ratio=0.0,
         drop_path_rate=0.3,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=False,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
-    )
+    ),
 )
 
 custom_hooks = [

@@ -6,21 +6,15 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     '../_base_/schedules/swin_adamw_1x.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/models/repa_swin.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'checkpoints/repa_swin_tiny_in1k.pth'
 model = dict(
     backbone=dict(
+        _base_.repa_swin_backbone,
         _delete_=True,
-        type='RePaSwin',
-        arch='tiny',
-        idle_ratio=0.75,
-        ffn_norm='BN',
-        drop_path_rate=0.2,
-        out_indices=(0, 1, 2, 3),
-        norm_eval=True,
-        with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[96, 192, 384, 768]),

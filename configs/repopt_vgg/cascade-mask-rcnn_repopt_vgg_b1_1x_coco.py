@@ -6,21 +6,20 @@
 # agree; loading a checkpoint without them and without `scales` is an error). The paper does
 # not say which optimizer it fine-tunes with: for plain SGD, --cfg-options
 # optim_wrapper.constructor=DefaultOptimWrapperConstructor optim_wrapper.optimizer.type=SGD
-_base_ = 'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py'
+_base_ = [
+    'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+    '../_base_/models/repopt_vgg.py',
+]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
 pretrained = 'checkpoints/repopt_vgg_b1_in1k.pth'
 scales = 'checkpoints/RepOpt-VGG-B1-scales.pth'  # the constants it was trained with
 model = dict(
     backbone=dict(
+        _base_.repopt_vgg_backbone,
         _delete_=True,
-        type='RepOptVGG',
-        arch='B1',
-        mode='target',
         scales=scales,
-        out_indices=(0, 1, 2, 3),
         frozen_stages=1,  # the stem and stage 1, as mmdet's ResNet configs
-        norm_eval=True,  # 2 images per GPU: keep the ImageNet BatchNorm statistics
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
     neck=dict(in_channels=[128, 256, 512, 2048]),

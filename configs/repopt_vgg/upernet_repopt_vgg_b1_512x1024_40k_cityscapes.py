@@ -7,6 +7,7 @@ _base_ = [
     'mmseg::_base_/datasets/cityscapes.py',
     'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_40k.py',
+    '../_base_/models/repopt_vgg.py',
 ]
 custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
 
@@ -18,12 +19,9 @@ model = dict(
     data_preprocessor=dict(size=crop_size),
     pretrained=None,
     backbone=dict(
+        _base_.repopt_vgg_backbone,
         _delete_=True,
-        type='RepOptVGG',
-        arch='B1',
-        mode='target',
         scales=scales,
-        out_indices=(0, 1, 2, 3),
         norm_eval=False,  # 8 x 2 crops of 512 x 1024 with SyncBN: mmseg's ResNet recipe
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
