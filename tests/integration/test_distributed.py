@@ -30,7 +30,8 @@ def setup(tmp_path_factory):
     config = root / 'dist_demo.py'
     config.write_text(f"""
 _base_ = '{DEMO}'
-custom_imports = dict(imports=['mmrepa', 'tests.integration.dist_hooks'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmrepa', 'tests.integration.dist_hooks'],
+                      allow_failed_imports=False)
 custom_hooks = [dict(type='BNRecalibrationHook', num_batches=2),
                 dict(type='SaveRankWeightsHook')]
 env_cfg = dict(dist_cfg=dict(backend='gloo'))

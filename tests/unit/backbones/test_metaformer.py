@@ -15,7 +15,7 @@ from mmrepa.backbones import CAFormer, ConvFormer
 from mmrepa.backbones.metaformer import ARCH_SETTINGS, checkpoint_filter_fn
 from mmrepa.checkpoint import load_state_dict_checked
 from mmrepa.layers import ChannelIdleFFN, SquaredReLU
-from tests.helpers import ROOT, config_paths, max_abs_diff, naive_windowed_attention, randomize_
+from tests.helpers import config_paths, max_abs_diff, naive_windowed_attention, randomize_
 
 timm = pytest.importorskip('timm')
 from timm.models import metaformer as timm_mf  # noqa: E402
@@ -440,7 +440,7 @@ def test_bad_input_says_what_is_expected():
         model(torch.randn(1, 3, 2, 64))
 
 
-# ----------------------------------------------------------------------------- configs, tools
+# --------------------------------------------------------------------------------- configs
 
 
 def test_the_issue_configs_exist():
@@ -466,58 +466,3 @@ def test_the_issue_configs_exist():
                 f'upernet_repa_{fam}_{arch}_512x512_160k_ade20k.py',
             ]
     assert sorted(set(expected) - names) == []
-
-
-def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
-    import json
-    import os.path as osp
-    import subprocess
-    import sys
-
-    from mmdet.registry import MODELS as DET_MODELS
-    from mmengine.config import Config
-    from mmengine.registry import DefaultScope
-
-    from mmrepa.datasets import make_shapes_coco
-
-    root = ROOT
-    config = osp.join(root, 'configs', 'demo', 'retinanet_repa_caformer_shapes.py')
-    with DefaultScope.overwrite_default_scope('mmdet'):
-        detector = DET_MODELS.build(Config.fromfile(config).model)
-    randomize_(detector.backbone)  # non-trivial BN statistics, StarReLU and res scales
-    ckpt = str(tmp_path / 'caformer.pth')
-    torch.save({'state_dict': detector.state_dict(), 'meta': {}}, ckpt)
-    data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=2, size=64) + '/'
-    options = [
-        f'test_dataloader.dataset.data_root={data}',
-        'test_dataloader.num_workers=0',
-        'test_dataloader.persistent_workers=False',
-        f'test_evaluator.ann_file={data}annotations/val.json',
-        'model.test_cfg.score_thr=0.0',
-    ]
-    metrics = str(tmp_path / 'metrics.json')
-    proc = subprocess.run(
-        [
-            sys.executable,
-            'tools/test.py',
-            config,
-            ckpt,
-            '--reparam',
-            '--latency-batches',
-            '1',
-            '--work-dir',
-            str(tmp_path / 'work'),
-            '--dump-metrics',
-            metrics,
-            '--cfg-options',
-            *options,
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-3000:]
-    assert 'folded model verified' in log and 'parameters (M)' in log
-    with open(metrics) as f:
-        assert 'coco/bbox_mAP' in json.load(f)
