@@ -4,6 +4,9 @@ Runner, DDP, mmdeploy, the demo, the docs build). ``make test-fast`` runs the un
 ``make test`` both; ``-m unit`` / ``-m integration`` select a tier too. Shared functions are
 in helpers.py."""
 
+import contextlib
+import fcntl
+import os
 import os.path as osp
 
 import pytest
@@ -45,3 +48,43 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@contextlib.contextmanager
+def _built_once(tmp_path_factory, name):
+    """A folder for ``name`` shared by the run's xdist workers, and whether it still has to be
+    built: the first worker builds it under a file lock, the others wait and reuse it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get('PYTEST_XDIST_WORKER'):  # each worker's base is inside the run's
+        base = base.parent
+    folder = base / name
+    with open(base / f'{name}.lock', 'w') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / 'done'
+        yield folder, not done.exists()
+        done.touch()
+
+
+@pytest.fixture(scope='session')
+def demo_detector(tmp_path_factory):
+    """The demo RetinaNet trained by mmengine's Runner for 2 epochs of 2 iterations on a
+    generated shapes set (8 training images, 4 validation, 64 px): (data root ending in '/',
+    {epoch: checkpoint}). Trained once per run for every module that needs a trained detector
+    (tools, quantization, the Runner); read-only for them."""
+    from mmengine.runner import Runner
+
+    from mmrepa.datasets import make_shapes_coco
+    from tests.helpers import demo_cfg
+
+    with _built_once(tmp_path_factory, 'demo_detector') as (base, build):
+        data_root = str(base / 'data') + '/'
+        work_dir = str(base / 'train')
+        if build:
+            make_shapes_coco(str(base / 'data'), num_train=8, num_val=4, size=64)
+            cfg = demo_cfg(data_root, work_dir)
+            cfg.default_hooks.checkpoint.update(interval=1, max_keep_ckpts=2)  # both epochs
+            runner = Runner.from_cfg(cfg)
+            runner.train()
+            # validation during training saw the unfolded model and left it unfolded
+            assert hasattr(runner.model.backbone.stages[0].blocks[0].ffn, 'fc1')
+    return data_root, {epoch: osp.join(work_dir, f'epoch_{epoch}.pth') for epoch in (1, 2)}

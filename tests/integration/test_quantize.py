@@ -11,7 +11,6 @@ import torch
 
 from mmrepa import reparameterize
 from mmrepa.backbones import RePaSwin, RepOptVGG
-from mmrepa.datasets import make_shapes_coco
 from mmrepa.integrations.onnx import export_onnx
 from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import (
@@ -29,28 +28,16 @@ quantize = pytest.importorskip('mmrepa.integrations.quantize')
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, demo_detector):
     """(root, cfg options for the tiny 64 px set, checkpoint after two training iterations)."""
-    root = tmp_path_factory.mktemp('quantize')
-    data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
+    data, checkpoints = demo_detector
     options = shapes_cfg_options(data) + [  # 64 px in, as the images (the config resizes)
         'train_dataloader.batch_size=4',
         'train_dataloader.dataset.pipeline.2.scale=(64,64)',
         'val_dataloader.dataset.pipeline.1.scale=(64,64)',
         'test_dataloader.dataset.pipeline.1.scale=(64,64)',
     ]
-    work = str(root / 'work')
-    run_script_here(
-        'tools/train.py',
-        DEMO,
-        '--work-dir',
-        work,
-        '--cfg-options',
-        *options,
-        'train_cfg.max_epochs=1',
-        'train_cfg.val_interval=1',
-    )
-    return root, options, osp.join(work, 'epoch_1.pth')
+    return tmp_path_factory.mktemp('quantize'), options, checkpoints[1]
 
 
 def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):

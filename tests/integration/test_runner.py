@@ -2,7 +2,6 @@
 
 import copy
 import io
-import os.path as osp
 import pickle
 
 import pytest
@@ -11,23 +10,16 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import mmrepa
-from mmrepa.datasets import make_shapes_coco
 from tests.helpers import demo_cfg
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-    """A demo detector trained for 2 short epochs; returns (data_root, checkpoint)."""
-    base = tmp_path_factory.mktemp('runner')
-    data_root = make_shapes_coco(str(base / 'data'), num_train=8, num_val=4, size=64) + '/'
-    cfg = demo_cfg(data_root, str(base / 'train'))
-    runner = Runner.from_cfg(cfg)
-    runner.train()
-    # validation during training saw the unfolded model and left it unfolded
-    assert hasattr(runner.model.backbone.stages[0].blocks[0].ffn, 'fc1')
-    return data_root, osp.join(cfg.work_dir, 'epoch_2.pth')
+def trained(demo_detector):
+    """The demo detector trained for 2 short epochs; returns (data_root, checkpoint)."""
+    data_root, checkpoints = demo_detector
+    return data_root, checkpoints[2]
 
 
 class _Reduces:

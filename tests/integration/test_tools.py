@@ -10,31 +10,16 @@ import re
 import pytest
 import torch
 
-from mmrepa.datasets import make_shapes_coco
 from tests.helpers import DEMO, ROOT, run_script_here, run_tool, shapes_cfg_options
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, demo_detector):
     """(work dir, cfg options for the small data, checkpoint of 1 epoch of training)."""
-    root = tmp_path_factory.mktemp('tools')
-    data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
-    options = shapes_cfg_options(data)
-    work = str(root / 'work')
-    run_script_here(
-        'tools/train.py',
-        DEMO,
-        '--work-dir',
-        work,
-        '--cfg-options',
-        *options,
-        'train_cfg.max_epochs=1',
-        'train_cfg.val_interval=1',
-        'train_dataloader.batch_size=4',
-    )
-    return root, options, osp.join(work, 'epoch_1.pth')
+    data, checkpoints = demo_detector
+    return tmp_path_factory.mktemp('tools'), shapes_cfg_options(data), checkpoints[1]
 
 
 def verify_error(log):
