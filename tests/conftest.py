@@ -19,15 +19,17 @@ TIERS = ('unit', 'integration')
 # file handed out last keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = (
     'test_configs.py',
-    'test_tools.py',
-    'test_distributed.py',
-    'test_mmdeploy.py',
     'test_demo_smoke.py',
-    'test_runner.py',
+    'test_tools.py',
     'test_downstream_tools.py',
-    'test_depth_rep_vit.py',
+    'test_hostile_checkpoints.py',
+    'test_mmdeploy.py',
+    'test_runner.py',
+    'test_distributed.py',
     'test_pretrain_handoff.py',
+    'test_backbone_tools.py',
     'test_quantize.py',
+    'test_tool_inputs.py',
     'test_inference.py',
 )
 
