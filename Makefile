@@ -1,6 +1,7 @@
 # make demo  - install what is missing, then train, fold and evaluate one model per task family
 #              (RetinaNet, Mask R-CNN, UperNet, classifier) on generated data; tools/demo.py --help
-# make test  - install what is missing, then run the test suite
+# make test  - install what is missing, then run the test suite, both tiers (unit, integration)
+# make test-fast - the unit tier only (tests/unit, mirrors mmrepa/; no Runner training, DDP, export)
 # make lint  - ruff's checks and its formatter's check (ruff.toml); `make format` rewrites
 # make docs  - install what is missing (with the docs requirements), then build docs/ into
 #              docs/_build/html, strictly (warnings and broken cross-references are errors)
@@ -13,7 +14,7 @@ BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install install-tests demo test lint format docs clean
+.PHONY: install install-tests demo test test-fast lint format docs clean
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -37,6 +38,9 @@ format: install-tests
 
 test: lint
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+test-fast: lint
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 docs: install-tests
 	$(PYTHON) -m sphinx -W --keep-going -n -b html docs docs/_build/html

@@ -3,7 +3,7 @@
     make docs    # or: python -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
 The build is strict (warnings are errors, unresolved references too), so a broken link between
-pages or to a heading fails it. tests/test_docs.py runs the same build.
+pages or to a heading fails it. tests/integration/test_docs.py runs the same build.
 """
 
 import os.path as osp

@@ -1,0 +1,154 @@
+"""mmrepa configs run by the tools users already have: ``mim train`` / ``mim test``, and
+mmdet's and mmseg's own ``tools/test.py`` (shipped in their packages' ``.mim``), with and
+without ReparameterizeHook, on small generated data. The runs with the hook are the users'
+commands (subprocesses); the plain runs they are compared with run the same scripts in this
+process (``run_script_here``), without a subprocess's imports."""
+
+import os.path as osp
+import sys
+
+import pytest
+
+from mmrepa.datasets import make_shapes_coco
+from tests.helpers import (
+    DEMO,
+    ROOT,
+    own_test_script,
+    run,
+    run_script_here,
+    shapes_cfg_options,
+    written_metrics,
+)
+
+UPERNET = osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+
+
+def mim(*args, ok=True):
+    return run(sys.executable, '-m', 'mim', *args, ok=ok)
+
+
+def with_reparameterize_hook(base: str, path: str) -> str:
+    """A config that inherits ``base`` and folds the model for testing."""
+    with open(path, 'w') as f:
+        f.write(
+            f"_base_ = {base!r}\ncustom_hooks = [dict(type='ReparameterizeHook', verify=True)]\n"
+        )
+    return path
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    """(root, cfg options) of a tiny shapes data set the demo config reads."""
+    root = tmp_path_factory.mktemp('downstream')
+    data = make_shapes_coco(str(root / 'data'), num_train=8, num_val=4, size=64) + '/'
+    options = shapes_cfg_options(data)
+    return root, options
+
+
+def test_mim_train_and_test_mmdet_with_and_without_reparameterize_hook(shapes):
+    root, options = shapes
+    work = str(root / 'train')
+    # one epoch of two iterations, no validation: only the checkpoint is wanted
+    mim(
+        'train',
+        'mmdet',
+        DEMO,
+        '--work-dir',
+        work,
+        '--cfg-options',
+        *options,
+        'train_cfg.max_epochs=1',
+        'train_cfg.val_interval=2',
+        'train_dataloader.batch_size=4',
+        'default_hooks.checkpoint.interval=1',
+    )
+    ckpt = osp.join(work, 'epoch_1.pth')
+    assert osp.exists(ckpt)
+
+    # the plain test: the script mim runs (mmdet's own tools/test.py), in this process
+    plain = str(root / 'test_plain')
+    _, log = run_script_here(
+        own_test_script('mmdet'), DEMO, ckpt, '--work-dir', plain, '--cfg-options', *options
+    )
+    assert 'coco/bbox_mAP' in log, log[-4000:]  # the log of this run was captured
+    assert 'ReparameterizeHook' not in log
+    metrics = written_metrics(plain)
+    assert 'coco/bbox_mAP' in metrics
+
+    folded = str(root / 'test_folded')
+    config = with_reparameterize_hook(DEMO, str(root / 'demo_reparam.py'))
+    log = mim(
+        'test',
+        'mmdet',
+        config,
+        '--checkpoint',
+        ckpt,
+        '--work-dir',
+        folded,
+        '--cfg-options',
+        *options,
+    )
+    assert 'mmdet/.mim/tools/test.py' in log  # mim ran mmdet's own script
+    assert 'ReparameterizeHook: folded model verified' in log, log[-4000:]
+    assert 'ReparameterizeHook: reparameterized the model for testing' in log
+    assert written_metrics(folded).keys() == metrics.keys()
+
+
+def ade_like(root) -> str:
+    """Two tiny images per split in ADE20K's layout (jpg images; png label maps, 0 = ignore)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ('training', 'validation'):
+        (root / 'images' / split).mkdir(parents=True)
+        (root / 'annotations' / split).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+                root / 'images' / split / f'ADE_{i}.jpg'
+            )
+            Image.fromarray(rng.integers(0, 151, (48, 64), dtype=np.uint8)).save(
+                root / 'annotations' / split / f'ADE_{i}.png'
+            )
+    return str(root)
+
+
+def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
+    import torch
+
+    from mmrepa.apis import init_model
+
+    data = ade_like(tmp_path / 'ade')
+    options = [
+        'model.backbone.init_cfg=None',
+        'model.decode_head.norm_cfg.type=BN',
+        'model.auxiliary_head.norm_cfg.type=BN',
+        'test_dataloader.dataset.pipeline.1.scale=(64,64)',
+        f'test_dataloader.dataset.data_root={data}',
+        'test_dataloader.num_workers=0',
+        'test_dataloader.persistent_workers=False',
+    ]
+    # a randomly initialised segmentor, saved as a checkpoint (testing does not need training)
+    model = init_model(UPERNET)
+    ckpt = str(tmp_path / 'random.pth')
+    torch.save(dict(state_dict=model.state_dict(), meta=dict()), ckpt)
+    script = own_test_script('mmseg')
+
+    results = {}
+    for name, config in (
+        ('plain', UPERNET),
+        ('folded', with_reparameterize_hook(UPERNET, str(tmp_path / 'reparam.py'))),
+    ):
+        work = str(tmp_path / name)
+        args = (script, config, ckpt, '--work-dir', work, '--cfg-options', *options)
+        if name == 'folded':  # the user's command
+            log = run(sys.executable, *args)
+        else:  # what it is compared with: the same script in this process, its log captured
+            log = run_script_here(*args)[1]
+            assert 'mIoU' in log, log[-4000:]
+        results[name] = written_metrics(work)
+        assert ('ReparameterizeHook: folded model verified' in log) == (name == 'folded'), log[
+            -4000:
+        ]
+    assert 'mIoU' in results['plain']
+    assert results['folded'].keys() == results['plain'].keys()

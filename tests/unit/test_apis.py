@@ -1,0 +1,85 @@
+import os
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+
+from mmrepa.apis import load_config
+from mmrepa.integrations.cli.args import tool_argument_parser, tool_config
+from mmrepa.integrations.cli.config_checks import check_custom_imports
+from tests.helpers import ROOT
+
+
+def test_a_config_using_mmrepa_without_importing_it_is_refused(tmp_path):
+    path = tmp_path / 'no_import.py'
+    path.write_text(
+        "_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'\n"
+        "model = dict(backbone=dict(_delete_=True, type='RePaSwin'))\n"
+        "custom_hooks = [dict(type='ReparameterizeHook')]\n"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r'uses RePaSwin, ReparameterizeHook from mmrepa.*'
+        r"custom_imports = dict\(imports=\['mmrepa'\]",
+    ):
+        load_config(str(path))
+
+
+def test_configs_that_import_mmrepa_or_do_not_use_it_pass():
+    check_custom_imports(
+        Config.fromfile(osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_b_1x_coco.py'))
+    )
+    check_custom_imports(Config(dict(model=dict(type='RetinaNet'))))
+
+
+def test_tool_arguments_and_config(tmp_path, monkeypatch):
+    config = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_t_1x_coco.py')
+    parser = tool_argument_parser('a tool')
+    parser.add_argument('checkpoint')
+    args = parser.parse_args(
+        [
+            config,
+            'ckpt.pth',
+            '--cfg-options',
+            'model.backbone.idle_ratio=0.5',
+            '--launcher',
+            'pytorch',
+            '--local-rank',
+            '3',
+        ]
+    )
+    monkeypatch.delenv('LOCAL_RANK', raising=False)
+    cfg = tool_config(args)
+    assert args.checkpoint == 'ckpt.pth'
+    assert cfg.model.backbone.idle_ratio == 0.5
+    assert cfg.launcher == 'pytorch' and os.environ['LOCAL_RANK'] == '3'
+    assert cfg.work_dir == osp.join('./work_dirs', 'retinanet_repa_swin_t_1x_coco')
+    # --work-dir first, then the config's own work_dir
+    assert tool_config(parser.parse_args([config, 'c', '--work-dir', 'w'])).work_dir == 'w'
+    own = tmp_path / 'own.py'
+    own.write_text(f"_base_ = '{config}'\nwork_dir = 'mine'\n")
+    assert tool_config(parser.parse_args([str(own), 'c'])).work_dir == 'mine'
+
+
+def test_tools_without_a_launcher_still_check_custom_imports(tmp_path):
+    parser = tool_argument_parser('a tool', distributed=False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(['x.py', '--launcher', 'pytorch'])
+    path = tmp_path / 'no_import.py'
+    path.write_text("model = dict(backbone=dict(type='RePaSwin'))\n")
+    args = parser.parse_args([str(path)])
+    assert not hasattr(args, 'launcher')
+    with pytest.raises(ValueError, match='does not import mmrepa'):
+        tool_config(args)
+
+
+def test_a_config_error_stops_a_tool_with_one_line():
+    from mmrepa.errors import ConfigError
+    from mmrepa.integrations.cli.args import one_line_errors
+
+    @one_line_errors('tools/x.py')
+    def main():
+        raise ConfigError('config c.py: model.backbone.out_indices=(0, 1): set (3, )')
+
+    with pytest.raises(SystemExit, match=r'^tools/x.py: config c.py: model.backbone'):
+        main()
