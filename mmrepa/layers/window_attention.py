@@ -7,6 +7,7 @@ attention (:class:`~mmrepa.layers.SimplifiedLinearAttention`); both expose ``qkv
 ``proj_drop`` and ``attend(qkv_windows, mask)``.
 """
 
+import math
 from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
@@ -36,7 +37,9 @@ def window_reverse(windows: torch.Tensor, window_size: int, H: int, W: int) -> t
 
 def padded_size(hw_shape: Tuple[int, int], window_size: int) -> Tuple[int, int]:
     """(H, W) rounded up to whole windows."""
-    return tuple(-(-s // window_size) * window_size for s in hw_shape)
+    # math.ceil makes a traced size a constant of the export; ``-(-s // ws)`` would be traced,
+    # and ONNX's integer division truncates where Python's floors
+    return tuple(math.ceil(s / window_size) * window_size for s in hw_shape)
 
 
 def attend_in_windows(

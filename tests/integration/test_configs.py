@@ -127,7 +127,8 @@ def shrink(cfg):
 def shrink_backbone(cfg):
     """Build the config's full-size backbone and check that the neck / heads expect its channels;
     then give the model a tiny arch of the same backbone type, the neck / heads following."""
-    backbone = MODELS.build(cfg.model.backbone)
+    with torch.device('meta'):  # its channels only: no memory, no weight initialisation
+        backbone = MODELS.build(cfg.model.backbone)
     outputs = backbone_outputs(backbone)
     consistent = copy.deepcopy(cfg.model)
     set_feature_channels(consistent, outputs)

@@ -283,8 +283,8 @@ def test_verify_catches_a_wrong_fold(trained, tmp_path, monkeypatch):
 
     original = ChannelIdleFFN.reparameterize
 
-    def broken(self):
-        original(self)
+    def broken(self, policy=None):
+        original(self, policy)
         with torch.no_grad():
             self.in_proj.bias.add_(1.0)
 
