@@ -45,6 +45,7 @@ import torch
 from mmrepa import reparameterize
 from mmrepa.integrations.onnx import export_onnx, onnxruntime_session
 from mmrepa.integrations.quantize import fold_identity_apart, pipeline_inputs
+from mmrepa.utils.files import write_json
 from mmrepa.utils.latency import cpu_name, time_interleaved
 from mmrepa.utils.machine import finish, machine_info
 
@@ -269,10 +270,7 @@ def main(argv=None):
             )
     results['models'] = {k: results['models'][k] for k in MODELS if k in results['models']}
     finish(machine)
-    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-    with open(args.out + '.tmp', 'w') as f:
-        json.dump(results, f, indent=2)
-    os.replace(args.out + '.tmp', args.out)
+    write_json(results, args.out)
     print(table(results))
     for s in results['skipped']:
         print('skipped:', s)

@@ -25,7 +25,6 @@ would be on both sides of the difference.
 import argparse
 import copy
 import datetime
-import json
 import os
 import os.path as osp
 import shlex
@@ -40,6 +39,7 @@ from mmengine.logging import MMLogger
 
 from mmrepa.backbones import DepthRepViT
 from mmrepa.utils import complexity, time_interleaved
+from mmrepa.utils.files import write_json
 from mmrepa.utils.latency import cpu_name
 from mmrepa.utils.machine import finish, machine_info
 
@@ -297,9 +297,7 @@ def main():
     result = run(args)
     print(format_table(result))
     if args.out:
-        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=2)
+        write_json(result, args.out)
         print(f'wrote {args.out}')
 
 

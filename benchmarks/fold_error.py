@@ -11,7 +11,6 @@ difference over the four outputs, and that divided by the largest output magnitu
 
 import argparse
 import copy
-import json
 
 import timm
 import torch
@@ -21,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmrepa import reparameterize
 from mmrepa.backbones import CAFormer, ConvFormer, PRepBNSwin, RePaSwin
 from mmrepa.checkpoint.loading import load_state_dict_checked
+from mmrepa.utils.files import write_json
 from mmrepa.utils.machine import finish, machine_info
 
 BACKBONES = {
@@ -142,8 +142,7 @@ def main():
         )
     finish(results['machine'])
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(results, f, indent=2)
+        write_json(results, args.out)
 
 
 if __name__ == '__main__':

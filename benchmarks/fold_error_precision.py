@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import copy
 import functools
-import json
 import os.path as osp
 import sys
 
@@ -28,6 +27,7 @@ from fold_error import BACKBONES, errors, perturb_  # noqa: E402
 
 from mmrepa import reparameterize  # noqa: E402
 from mmrepa.backbones import DepthRepViT, RepOptVGG  # noqa: E402
+from mmrepa.utils.files import write_json
 from mmrepa.utils.machine import finish, machine_info  # noqa: E402
 
 MORE = {
@@ -106,8 +106,7 @@ def main():
         )
     finish(results['machine'])
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(results, f, indent=2)
+        write_json(results, args.out)
 
 
 if __name__ == '__main__':

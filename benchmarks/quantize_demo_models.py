@@ -219,6 +219,7 @@ def main(argv=None):
     import onnxruntime
 
     from mmrepa.integrations.quantize import needs_reduce_range
+    from mmrepa.utils.files import write_json
     from mmrepa.utils.latency import cpu_name
     from mmrepa.utils.machine import finish, machine_info
 
@@ -264,10 +265,7 @@ def main(argv=None):
             if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
                 results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
     finish(machine)
-    os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-    with open(args.out + '.tmp', 'w') as f:
-        json.dump(results, f, indent=2)
-    os.replace(args.out + '.tmp', args.out)
+    write_json(results, args.out)
     print(
         '\n| backbone | model | part | form | settings | SQNR dB | metric f32 -> INT8 | '
         'f32 / INT8 ms | speed-up |\n|---|---|---|---|---|---|---|---|---|'

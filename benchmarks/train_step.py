@@ -8,13 +8,13 @@ The two backbones are timed interleaved. RePa-Swin trains with its default chann
 """
 
 import argparse
-import json
 
 import torch
 
 from mmrepa.backbones import RePaSwin
 from mmrepa.backbones.repa_swin import ARCH_SETTINGS
 from mmrepa.utils import time_interleaved
+from mmrepa.utils.files import write_json
 from mmrepa.utils.machine import finish, machine_info
 
 
@@ -74,17 +74,15 @@ def main():
         f'{torch.get_num_threads()} threads'
     )
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(
-                dict(
-                    vars(args),
-                    ratio=ratio,
-                    median_ms={k: v.median for k, v in stats.items()},
-                    machine=machine,
-                ),
-                f,
-                indent=2,
-            )
+        write_json(
+            dict(
+                vars(args),
+                ratio=ratio,
+                median_ms={k: v.median for k, v in stats.items()},
+                machine=machine,
+            ),
+            args.out,
+        )
 
 
 if __name__ == '__main__':

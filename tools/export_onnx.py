@@ -22,10 +22,9 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, load_config
+from mmrepa.apis import init_model
 from mmrepa.integrations.cli.args import one_line_errors
-from mmrepa.integrations.cli.inputs import config_inputs
-from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.integrations.cli.outputs import guarded_config
 from mmrepa.integrations.onnx import (
     TensorForward,
     export_onnx,
@@ -61,11 +60,8 @@ def main(argv=None) -> float:
     args = parse_args(argv)
     name = osp.splitext(osp.basename(args.config))[0]
     out = args.out or f'{name}_{"full" if args.full else "backbone"}.onnx'
-    outputs = [('--out', out)]
-    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
     require('onnx', 'onnxruntime', tool=TOOL)
-    cfg = load_config(args.config, args.cfg_options)
-    check_outputs(TOOL, outputs, config_inputs(cfg))
+    cfg = guarded_config(TOOL, [('--out', out)], args.config, args.checkpoint, args.cfg_options)
     model = mmrepa.reparameterize(init_model(cfg, args.checkpoint))
     module = TensorForward(model) if args.full else model.backbone
     x = torch.randn(1, 3, *args.shape)

@@ -19,12 +19,11 @@ import torch
 from mmengine.config import DictAction
 
 import mmrepa
-from mmrepa.apis import init_model, load_config
+from mmrepa.apis import init_model
 from mmrepa.engine.hooks import join_modules
 from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
-from mmrepa.integrations.cli.inputs import config_inputs
-from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.integrations.cli.outputs import guarded_config
 from mmrepa.utils import complexity, model_complexity
 from mmrepa.utils.files import write_json
 
@@ -70,10 +69,9 @@ def to_json(config: str, shape, input_shape, rows: dict) -> dict:
 def main(argv=None):
     """Print the table (and write ``--json``); returns ``{scope: [before, after]}``."""
     args = parse_args(argv)
-    outputs = [('--json', args.json)]
-    check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
-    cfg = load_config(args.config, args.cfg_options)
-    check_outputs(TOOL, outputs, config_inputs(cfg))
+    cfg = guarded_config(
+        TOOL, [('--json', args.json)], args.config, args.checkpoint, args.cfg_options
+    )
     torch.manual_seed(args.seed)
     model = init_model(cfg, args.checkpoint)
     shape = tuple(args.shape or default_input_shape(model.cfg))

@@ -20,11 +20,10 @@ from mmengine.config import DictAction
 from mmengine.runner import load_checkpoint
 
 import mmrepa
-from mmrepa.apis import init_model, load_config
+from mmrepa.apis import init_model
 from mmrepa.checkpoint import save_atomically
 from mmrepa.integrations.cli.args import one_line_errors
-from mmrepa.integrations.cli.inputs import config_inputs
-from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.integrations.cli.outputs import guarded_config
 
 TOOL = 'tools/reparameterize.py'
 
@@ -43,11 +42,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     outputs = [('OUT', args.out)]
-    check_outputs(
-        TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)], args.force
+    cfg = guarded_config(  # config inputs: e.g. RepOptVGG's scales
+        TOOL, outputs, args.config, args.checkpoint, args.cfg_options, args.force
     )
-    cfg = load_config(args.config, args.cfg_options)
-    check_outputs(TOOL, outputs, config_inputs(cfg), args.force)  # e.g. RepOptVGG's scales
     model = init_model(cfg)
     # loaded here rather than by init_model: the checkpoint's meta is kept
     checkpoint = load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)

@@ -13,11 +13,10 @@ stops here. OUT may not be an input (the checkpoint, the config) or a link to on
 import argparse
 import sys
 
-from mmrepa.apis import init_model, load_config
+from mmrepa.apis import init_model
 from mmrepa.checkpoint import save_atomically
 from mmrepa.integrations.cli.args import one_line_errors
-from mmrepa.integrations.cli.inputs import config_inputs
-from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.integrations.cli.outputs import guarded_config
 
 TOOL = 'tools/misc/repopt_export_scales.py'
 
@@ -35,11 +34,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     outputs = [('OUT', args.out)]
-    check_outputs(
-        TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)], args.force
-    )
-    cfg = load_config(args.config)
-    check_outputs(TOOL, outputs, config_inputs(cfg), args.force)
+    cfg = guarded_config(TOOL, outputs, args.config, args.checkpoint, force=args.force)
     backbone = init_model(cfg, args.checkpoint).backbone
     if type(backbone).__name__ != 'RepOptVGG' or backbone.mode != 'hs':
         sys.exit(

@@ -146,3 +146,24 @@ def check_outputs(
             )
         if force is False and osp.lexists(out):
             raise InputError(f'{tool}: {option} {out} exists; pass --force to replace it')
+
+
+def guarded_config(
+    tool: str,
+    outputs: Iterable[tuple],
+    config: str,
+    checkpoint: Optional[str],
+    cfg_options: Optional[dict] = None,
+    force: Optional[bool] = None,
+):
+    """The config of a tool that reads CONFIG and CHECKPOINT: the outputs are checked against
+    those two before the config is read, then against what the config reads (data, pretrained
+    weights, RepOpt scales)."""
+    from ...apis import load_config
+    from .inputs import config_inputs
+
+    outputs = list(outputs)
+    check_outputs(tool, outputs, [('config', config), ('checkpoint', checkpoint)], force)
+    cfg = load_config(config, cfg_options)
+    check_outputs(tool, outputs, config_inputs(cfg), force)
+    return cfg
