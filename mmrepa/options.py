@@ -40,3 +40,12 @@ def per_stage(value: Any, num_stages: int, name: str) -> list:
             )
         return list(value)
     return [value] * num_stages
+
+
+def head_dim(embed_dims: int, num_heads: int) -> int:
+    """The width of one attention head; a :class:`ConfigError` unless the heads split
+    ``embed_dims`` evenly."""
+    check_int(num_heads, 'num_heads')
+    if embed_dims % num_heads:
+        raise ConfigError(f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})')
+    return embed_dims // num_heads

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 
 from ..errors import ConfigError
+from ..options import head_dim
 
 
 class SimplifiedLinearAttention(BaseModule):
@@ -49,22 +50,16 @@ class SimplifiedLinearAttention(BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if embed_dims % num_heads:
-            raise ConfigError(
-                f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})'
-            )
+        dim = head_dim(embed_dims, num_heads)
         if dwc_kernel_size % 2 == 0:
             raise ConfigError(f'dwc_kernel_size must be odd, got {dwc_kernel_size}')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = window_size
-        head_dim = embed_dims // num_heads
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
-        self.dwc = nn.Conv2d(
-            head_dim, head_dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=head_dim
-        )
+        self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim)
         self.positional_encoding = nn.Parameter(torch.zeros(1, window_size**2, embed_dims))
 
     def attend(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -18,6 +18,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 
 from ..errors import ConfigError
+from ..options import head_dim
 from .linear_attention import SimplifiedLinearAttention
 
 
@@ -153,14 +154,11 @@ class WindowMSA(BaseModule):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        if embed_dims % num_heads:
-            raise ConfigError(
-                f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})'
-            )
+        dim = head_dim(embed_dims, num_heads)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = window_size
-        self.scale = qk_scale or (embed_dims // num_heads) ** -0.5
+        self.scale = qk_scale or dim**-0.5
         self.attn_drop_rate = attn_drop_rate
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * window_size - 1) ** 2, num_heads)

@@ -35,7 +35,7 @@ from ...errors import ConfigError
 from ...fold import FoldPolicy, Reparameterizable
 from ...layers.scheduled import ScheduledScalar
 from ...layers.window_attention import attend_in_windows
-from ...options import check_int, check_unit_interval
+from ...options import check_int, check_unit_interval, head_dim
 from ...registry import MODELS, build_activation_layer, build_norm_layer
 
 JOIN_MODES = ('logits', 'qkv')
@@ -340,12 +340,8 @@ class JoinedAttention(_DiversityMixin, _LambdaMixin, Reparameterizable, BaseModu
                 f'standard-shape extension), got {join!r}'
             )
         check_int(num_branches, 'num_branches')
-        if embed_dims % num_heads:
-            raise ConfigError(
-                f'embed_dims ({embed_dims}) must be a multiple of num_heads ({num_heads})'
-            )
         self.embed_dims, self.num_heads, self.num_branches = embed_dims, num_heads, num_branches
-        self.head_dim = embed_dims // num_heads  # of one branch
+        self.head_dim = head_dim(embed_dims, num_heads)  # of one branch
         self.join = join
         self.qkv_bias = qkv_bias
         self.deploy = deploy
