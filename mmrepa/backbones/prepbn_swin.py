@@ -12,7 +12,7 @@ import torch
 from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
-from ..checkpoint.loading import strip_prefixes
+from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError
 from ..fold import is_affine_norm
 from ..layers import PRepBN
@@ -170,11 +170,7 @@ def prepbn_checkpoint_filter_fn(
             for leaf in ('weight', 'bias'):
                 if f'{name}.{leaf}' in state_dict:
                     state_dict[f'{name}.ln.{leaf}'] = state_dict.pop(f'{name}.{leaf}')
-    own = model.state_dict()
-    for k, v in state_dict.items():
-        if k.endswith('positional_encoding') and k in own and v.shape != own[k].shape:
-            state_dict[k] = _resize_positional_encoding(v, own[k].shape)
-    return state_dict
+    return resize_to_model(state_dict, model, 'positional_encoding', _resize_positional_encoding)
 
 
 def _resize_positional_encoding(pe: torch.Tensor, shape: torch.Size) -> torch.Tensor:

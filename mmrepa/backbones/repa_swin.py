@@ -14,7 +14,7 @@ import torch.nn as nn
 from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
-from ..checkpoint.loading import strip_prefixes
+from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
 from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
 from ..layers import (
@@ -533,11 +533,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: RePaSwin) -
             continue
         k = k.replace('.ffn.layers.0.0.', '.ffn.fc1.').replace('.ffn.layers.1.', '.ffn.fc2.')
         out[_BLOCK_NORM2.sub(r'\1.ffn.norm1.', k)] = v
-    own = model.state_dict()
-    for k, v in out.items():
-        if k.endswith('relative_position_bias_table') and k in own and v.shape != own[k].shape:
-            out[k] = _resize_bias_table(v, own[k].shape)
-    return out
+    return resize_to_model(out, model, 'relative_position_bias_table', _resize_bias_table)
 
 
 def _resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:

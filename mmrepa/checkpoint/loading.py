@@ -5,7 +5,7 @@ report missing and unexpected keys by name and refuse to leave a core weight uni
 """
 
 import fnmatch
-from typing import Dict, Iterable, List, NamedTuple
+from typing import Callable, Dict, Iterable, List, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -64,6 +64,21 @@ def strip_prefixes(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
         state_dict = {
             k[len('backbone.') :]: v for k, v in state_dict.items() if k.startswith('backbone.')
         }
+    return state_dict
+
+
+def resize_to_model(
+    state_dict: Dict[str, torch.Tensor],
+    model: nn.Module,
+    suffix: str,
+    resize: Callable[[torch.Tensor, torch.Size], torch.Tensor],
+) -> Dict[str, torch.Tensor]:
+    """``resize(tensor, shape)`` every ``*suffix`` entry whose shape differs from the model's
+    (position tables of a checkpoint trained at another window or image size), in place."""
+    own = model.state_dict()
+    for k, v in state_dict.items():
+        if k.endswith(suffix) and k in own and v.shape != own[k].shape:
+            state_dict[k] = resize(v, own[k].shape)
     return state_dict
 
 
