@@ -65,7 +65,7 @@ for req in stack $([ "$WITH_TESTS" = "--tests" ] && echo tests docs); do
   satisfied "$ROOT/requirements/$req.txt" || pip_install --quiet -r "$ROOT/requirements/$req.txt"
 done
 
-# 2b. With --tests: mmdeploy 1.3.1, for tools/deploy.py and tests/test_mmdeploy.py. Its metadata
+# 2b. With --tests: mmdeploy 1.3.1, for tools/deploy.py and tests/integration/test_mmdeploy.py. Its metadata
 #     pins protobuf<=3.20.2, which the onnx above cannot run with (pip would refuse, or
 #     downgrade protobuf and break onnx); nothing it runs for ONNX Runtime needs that protobuf.
 #     So it is installed without dependencies, and requirements/deploy.txt lists the ones it

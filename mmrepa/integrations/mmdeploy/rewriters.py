@@ -132,8 +132,8 @@ def _exact_sdpa():
         F.scaled_dot_product_attention = current
 
 
-# Every mmrepa method that calls F.scaled_dot_product_attention. tests/test_mmdeploy.py checks
-# that this list stays complete.
+# Every mmrepa method that calls F.scaled_dot_product_attention.
+# tests/integration/test_mmdeploy.py checks that this list stays complete.
 SDPA_METHODS = (
     'mmrepa.layers.window_attention.WindowMSA.attend',
     'mmrepa.layers.windowed_self_attention.WindowedSelfAttention._attend',
