@@ -57,6 +57,13 @@ class Reparameterizable:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        if nn.Module in mro and mro.index(nn.Module) < mro.index(Reparameterizable):
+            raise TypeError(
+                f'{cls.__qualname__} lists nn.Module (or a module class) before '
+                'Reparameterizable: list Reparameterizable first, or the load check and the '
+                'fold never run (docs/folding_protocol.md)'
+            )
         if 'reparameterize' in cls.__dict__:
             raise TypeError(
                 f'{cls.__qualname__} overrides reparameterize(), which Reparameterizable owns: '
@@ -95,8 +102,10 @@ class Reparameterizable:
             like = next(itertools.chain(self.parameters(), self.buffers()), None)
             tensors = {}
             if like is not None:
+                # copies: a computed tensor may be a live parameter (``.to`` of a float64 model
+                # returns it), which _apply_fold or an earlier write would change
                 computed = self._fold_tensors(fold_dtype(like), policy)
-                tensors = {k: self._checked_cast(k, t, like) for k, t in computed.items()}
+                tensors = {k: t.detach().clone() for k, t in computed.items()}
             self._apply_fold(tensors, policy)
             state = dict(itertools.chain(self.named_parameters(), self.named_buffers()))
             for name, value in tensors.items():
@@ -105,13 +114,11 @@ class Reparameterizable:
                         f'{type(self).__name__}._apply_fold() built no {name} for the folded '
                         'tensor of that name: create it there (or drop it from _fold_tensors)'
                     )
-                state[name].copy_(value)
+                state[name].copy_(self._checked_cast(name, value, state[name]))
             self.deploy = True
 
     def _checked_cast(self, name: str, value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        # a copy: a computed tensor may be a live parameter (``.to`` of a float64 model
-        # returns it), which writing an earlier tensor would change
-        value = value.to(device=like.device, dtype=like.dtype, copy=True)
+        value = value.to(device=like.device, dtype=like.dtype)
         if not torch.isfinite(value).all():
             raise FoldError(
                 f'the folded {name} of {type(self).__name__} is not finite in {like.dtype} '

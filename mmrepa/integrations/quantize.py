@@ -401,14 +401,11 @@ def needs_reduce_range() -> bool:
     raised the demo RePa-Swin backbone's SQNR from 21.7 to 24.0 dB."""
     import platform
 
+    from ..utils.machine import cpu_flags
+
     if platform.machine().lower() not in ('x86_64', 'amd64', 'i386', 'i686'):
         return False
-    try:
-        with open('/proc/cpuinfo') as f:
-            flags = next((line for line in f if line.startswith('flags')), '').split()
-    except OSError:
-        return False
-    return not any('vnni' in flag for flag in flags)
+    return not any('vnni' in flag for flag in cpu_flags())
 
 
 # --- quantization-aware folding: identity shortcuts kept out of the weights -------------------

@@ -98,8 +98,8 @@ def resize_pos_embed(
 class DepthRepViT(DenseBackbone):
     """ViT whose L layers train as L / n blocks of n joined branches and fold into L / n.
 
-    Each block (:class:`~mmrepa.layers.JoinedBlock`) holds n attention and n FFN branches
-    behind shared LayerNorms, joined at the softmax and GELU inputs by λ, which
+    Each block (:class:`~mmrepa.backbones.depth_rep_vit.JoinedBlock`) holds n attention and n
+    FFN branches behind shared LayerNorms, joined at the softmax and GELU inputs by λ, which
     :class:`~mmrepa.engine.BranchJoinScheduleHook` ramps from 0 to 1.
     :meth:`reparameterize` (λ = 1 exactly, or a :class:`~mmrepa.fold.FoldError` naming the
     block) gives L / n plain ViT blocks: standard ones for ``join='qkv'``, heads of width

@@ -62,8 +62,9 @@ def join_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
 
 @HOOKS.register_module()
 class BranchJoinScheduleHook(ScheduledScalarHook):
-    """Set λ of every joined module (:class:`~mmrepa.layers.JoinedBlock`, JoinedAttention,
-    JoinedFFN) from the runner's iteration: the depth joining ramp of SPEC-depth §7.3.
+    """Set λ of every joined module (:class:`~mmrepa.backbones.depth_rep_vit.JoinedBlock`,
+    JoinedAttention, JoinedFFN) from the runner's iteration: the depth joining ramp of
+    SPEC-depth §7.3.
 
     Before every training iteration ``it = runner.iter`` (0 for the first), and once in
     ``before_train``, every joined module gets ``λ = join_lambda(it, begin_iter, end_iter,

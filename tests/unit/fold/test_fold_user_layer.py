@@ -34,7 +34,7 @@ class LinearBNShortcut(Reparameterizable, nn.Module):
         bn = self.bn
         scale = bn.weight.to(dtype) / torch.sqrt(bn.running_var.to(dtype) + bn.eps)
         shift = bn.bias.to(dtype) - bn.running_mean.to(dtype) * scale
-        eye = torch.eye(self.fc.in_features, dtype=dtype)
+        eye = torch.eye(self.fc.in_features, dtype=dtype, device=self.fc.weight.device)
         return {'fc.weight': self.fc.weight.to(dtype) * scale[:, None] + eye, 'fc.bias': shift}
 
     def _apply_fold(self, tensors, policy):
@@ -129,6 +129,12 @@ def test_a_subclass_cannot_take_over_the_fold():
         class Takeover(LinearBNShortcut):
             def reparameterize(self, policy=None):
                 pass
+
+    # nn.Module first would skip the base's load check (Module's loader calls no super())
+    with pytest.raises(TypeError, match='before Reparameterizable'):
+
+        class Backwards(nn.Module, Reparameterizable):
+            pass
 
 
 def test_the_policy_reaches_the_users_fold():
