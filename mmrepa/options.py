@@ -49,3 +49,14 @@ def head_dim(embed_dims: int, num_heads: int) -> int:
     if embed_dims % num_heads:
         raise ConfigError(f'embed_dims ({embed_dims}) must be divisible by num_heads ({num_heads})')
     return embed_dims // num_heads
+
+
+def per_stage_ratios(value: Any, num_stages: int, name: str) -> list:
+    """:func:`per_stage` of a ratio: every value a number in [0, 1] (not a bool)."""
+    values = per_stage(value, num_stages, name)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ConfigError(
+                f'{name} must be in [0, 1] (one value or one per stage), got {value!r}'
+            )
+    return values

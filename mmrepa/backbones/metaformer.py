@@ -30,7 +30,7 @@ from ..layers import (
     checkpoint_forward,
     num_active_channels,
 )
-from ..options import is_int_at_least, per_stage
+from ..options import is_int_at_least, per_stage, per_stage_ratios
 from ..registry import build_activation_layer, build_norm_layer
 from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
@@ -267,13 +267,7 @@ class MetaFormer(DenseBackbone):
         depths, self.num_features = arch['depths'], list(arch['dims'])
         self.in_channels = in_channels
         self._check_options(NUM_STAGES, out_indices, frozen_stages, norm_eval, deploy)
-        self.idle_ratios = per_stage(idle_ratio, NUM_STAGES, 'idle_ratio')
-        for r in self.idle_ratios:
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
-                raise ConfigError(
-                    f'idle_ratio must be in [0, 1] (one value or one per stage; 0 is '
-                    f'the published model), got {idle_ratio}'
-                )
+        self.idle_ratios = per_stage_ratios(idle_ratio, NUM_STAGES, 'idle_ratio')
 
         self.stem = Stem(in_channels, self.num_features[0])
         dpr = drop_path_rates(drop_path_rate, sum(depths))

@@ -26,7 +26,7 @@ from ..layers import (
     checkpoint_forward,
     shifted_window_mask,
 )
-from ..options import check_int, per_stage
+from ..options import check_int, per_stage, per_stage_ratios
 from ..registry import build_norm_layer
 from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
@@ -370,12 +370,7 @@ class RePaSwin(DenseBackbone):
         self.in_channels = in_channels
         self.patch_size = patch_size
         self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)
-        idle_ratios = per_stage(idle_ratio, self.num_stages, 'idle_ratio')
-        for r in idle_ratios:
-            if not 0.0 <= r <= 1.0:
-                raise ConfigError(
-                    f'idle_ratio must be in [0, 1] (one value or one per stage), got {idle_ratio}'
-                )
+        idle_ratios = per_stage_ratios(idle_ratio, self.num_stages, 'idle_ratio')
         if ffn_norm not in ('BN', 'LN'):
             raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
         ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)

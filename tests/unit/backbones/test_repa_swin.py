@@ -106,6 +106,8 @@ def test_with_cp_gives_the_same_gradients():
     [
         (dict(arch='huge'), r"unknown arch 'huge'"),
         (dict(idle_ratio=-0.1), r'idle_ratio must be in \[0, 1\]'),
+        (dict(idle_ratio='0.5'), r"idle_ratio must be in \[0, 1\].*got '0.5'"),
+        (dict(idle_ratio=True), r'idle_ratio must be in \[0, 1\].*got True'),
         (dict(idle_ratio=[0.5, 0.5]), r'idle_ratio has 2 entries but the arch has 4 stages'),
         (dict(window_size=0), r'window_size must be an integer >= 1'),
         (dict(out_indices=(4,)), r'out_indices .* \[0, 3\]'),
