@@ -52,21 +52,21 @@ _memoize_external_config_paths()
 # The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
 # file handed out last keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = (
-    'test_configs_metaformer.py',
-    'test_configs_others.py',
-    'test_configs_repa_swin.py',
     'test_demo_smoke.py',
     'test_tools.py',
-    'test_downstream_tools.py',
-    'test_hostile_checkpoints.py',
-    'test_mmdeploy.py',
-    'test_runner.py',
     'test_distributed.py',
-    'test_pretrain_handoff.py',
-    'test_backbone_tools.py',
-    'test_quantize.py',
+    'test_mmdeploy.py',
+    'test_configs_metaformer.py',
+    'test_runner.py',
+    'test_hostile_checkpoints.py',
+    'test_downstream_tools.py',
+    'test_configs_others.py',
     'test_tool_inputs.py',
+    'test_configs_repa_swin.py',
+    'test_quantize.py',
+    'test_pretrain_handoff.py',
     'test_inference.py',
+    'test_backbone_tools.py',
 )
 
 
