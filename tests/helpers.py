@@ -321,7 +321,12 @@ def run_script_here(script: str, *args, ok: bool = True):
     directory, ``LOCAL_RANK`` (the runner scripts set it from ``--local_rank``) and the flushing
     of denormals (tools/benchmark.py turns it on; off is torch's default). The messages of a
     runner's logger are captured only if the runner created it: do not assert that something is
-    absent from them without asserting something of the same run is present."""
+    absent from them without asserting something of the same run is present. The loggers the
+    call created are dropped after it (handlers closed), so the next call's runner creates its
+    own even where its name (config name and second of the start) is the same."""
+    from mmengine.logging import MMLogger
+
+    loggers = set(MMLogger._instance_dict)
     out, value, code = io.StringIO(), None, 0
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, 'argv', [osp.join(ROOT, script), *map(str, args)])
@@ -343,6 +348,9 @@ def run_script_here(script: str, *args, ok: bool = True):
             raise
         finally:
             torch.set_flush_denormal(False)
+            for name in set(MMLogger._instance_dict) - loggers:
+                for handler in MMLogger._instance_dict.pop(name).handlers:
+                    handler.close()
     log = out.getvalue()
     assert (code == 0) == ok, log[-4000:]
     return value, log

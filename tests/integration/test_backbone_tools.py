@@ -13,7 +13,6 @@ from tests.helpers import (
     ROOT,
     randomize_,
     run_script_here,
-    run_tool,
     tiny_classifier_config,
     write_images,
 )
@@ -24,8 +23,6 @@ from tests.helpers import (
 def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
     import json
     import os.path as osp
-    import subprocess
-    import sys
 
     from mmdet.registry import MODELS as DET_MODELS
     from mmengine.config import Config
@@ -49,28 +46,22 @@ def test_tools_test_reparam_folds_and_verifies_a_caformer_detector(tmp_path):
         'model.test_cfg.score_thr=0.0',
     ]
     metrics = str(tmp_path / 'metrics.json')
-    proc = subprocess.run(
-        [
-            sys.executable,
-            'tools/test.py',
-            config,
-            ckpt,
-            '--reparam',
-            '--latency-batches',
-            '1',
-            '--work-dir',
-            str(tmp_path / 'work'),
-            '--dump-metrics',
-            metrics,
-            '--cfg-options',
-            *options,
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
+    # in this process (its main(), the runner's log captured); tools/test.py --reparam at the
+    # command line: test_tools.py::test_test_with_and_without_reparam
+    _, log = run_script_here(
+        'tools/test.py',
+        config,
+        ckpt,
+        '--reparam',
+        '--latency-batches',
+        '1',
+        '--work-dir',
+        str(tmp_path / 'work'),
+        '--dump-metrics',
+        metrics,
+        '--cfg-options',
+        *options,
     )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-3000:]
     assert 'folded model verified' in log and 'parameters (M)' in log
     with open(metrics) as f:
         assert 'coco/bbox_mAP' in json.load(f)
@@ -124,10 +115,9 @@ def test_test_tool_verifies_a_joined_checkpoint_and_refuses_one_mid_ramp(
             str(out),
             *flags,
         )
-        if name == 'plain':
-            run_script_here('tools/test.py', *args)
-        else:  # the hook's log line is checked: a process of its own
-            log = run_tool(f'{ROOT}/tools/test.py', *args)
+        # both in this process (the runner's log captured, the hook's line checked); at the
+        # command line: test_tools.py::test_test_with_and_without_reparam
+        log = run_script_here('tools/test.py', *args)[1]
         top1[name] = json.loads(out.read_text())['accuracy/top1']
     assert 'ReparameterizeHook: folded model verified' in log
     assert top1['folded'] == top1['plain']

@@ -193,21 +193,14 @@ def test_folded_segmentor_predicts_the_same(seg, image):
     assert_same_segmentation(expected, inferencer(image, return_datasamples=True))
 
 
-def test_image_demo_draws_and_lists_detections(det, image, tmp_path):
+def test_image_demo_draws_and_lists_detections(det, image, tmp_path, capsys):
     config, ckpt, _ = det
     out = tmp_path / 'pictures' / 'det.png'  # a directory that does not exist yet
-    code, stdout, stderr = run_tool(
-        'tools/image_demo.py',
-        config,
-        ckpt,
-        image,
-        '--reparam',
-        '--score-thr',
-        '0.3',
-        '--out-file',
-        str(out),
+    # its main() in this process (at the command line: test_missing_inputs_are_one_line_each)
+    load_tool('image_demo').main(
+        [config, ckpt, image, '--reparam', '--score-thr', '0.3', '--out-file', str(out)]
     )
-    assert code == 0, stderr[-3000:]
+    stdout = capsys.readouterr().out
     count = int(re.search(r'^(\d+) detection\(s\) with score > 0.3', stdout, re.M).group(1))
     lines = re.findall(r'^(disc|box|wedge) +score (\d\.\d+)  box( +[\d.]+){4}$', stdout, re.M)
     assert count >= 5 and len(lines) == count

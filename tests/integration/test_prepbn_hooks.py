@@ -2,8 +2,6 @@
 
 import copy
 import os.path as osp
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +15,7 @@ from mmrepa.backbones import PRepBNSwin
 from mmrepa.datasets import make_shapes_coco
 from mmrepa.engine import PRepBNScheduleHook, recalibrate_bn, recalibrate_model_bn
 from mmrepa.layers import PRepBN
-from tests.helpers import ROOT, TINY_ARCH, demo_cfg, randomize_
+from tests.helpers import TINY_ARCH, demo_cfg, randomize_, run_script_here
 
 # module-scoped fixtures: keep this file's tests on one xdist worker
 
@@ -169,23 +167,18 @@ def test_recalibration_tool(trained, tmp_path):
     config = str(tmp_path / 'config.py')
     cfg.dump(config)
     ckpt, out = osp.join(cfg.work_dir, 'epoch_2.pth'), str(tmp_path / 'recalibrated.pth')
-    proc = subprocess.run(
-        [
-            sys.executable,
-            'tools/recalibrate_bn.py',
-            config,
-            ckpt,
-            out,
-            '--num-batches',
-            '2',
-            '--work-dir',
-            str(tmp_path / 'work'),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    # its main() in this process (asserts it succeeded); at the command line (a refusal):
+    # test_tool_inputs.py::test_test_and_recalibrate_name_their_data_and_checkpoint
+    run_script_here(
+        'tools/recalibrate_bn.py',
+        config,
+        ckpt,
+        out,
+        '--num-batches',
+        '2',
+        '--work-dir',
+        str(tmp_path / 'work'),
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     before = torch.load(ckpt, map_location='cpu')
     after = torch.load(out, map_location='cpu')
     assert after['meta'] == before['meta']

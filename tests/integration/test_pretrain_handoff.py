@@ -1,8 +1,8 @@
 """ImageNet pretraining in mmpretrain and the hand-off to detection and segmentation.
 
 A classifier config (``configs/<family>/*_in1k.py``, shrunk to a tiny arch and given a few generated
-images) is trained for a few iterations with ``tools/train.py`` (at the command line for one
-family, in this process for the others); the RetinaNet and UperNet
+images) is trained for a few iterations with ``tools/train.py`` (its main(), in this process);
+the RetinaNet and UperNet
 configs of the same family load its checkpoint through their backbone's ``init_cfg``, with
 nothing missing but the output norms, and their backbones compute the classifier's stage
 features. The tools take the classifier config as they take mmdet and mmseg ones.
@@ -25,7 +25,6 @@ from tests.helpers import (
     backbone_outputs,
     own_test_script,
     run_script_here,
-    run_tool,
     set_feature_channels,
     tiny_classifier_config,
     write_images,
@@ -56,16 +55,15 @@ FAMILIES = {
         TINY_ARCH,
     ),
 }
-# the family trained at the command line (test_tools_take_the_classifier_config reads its log);
-# the others run tools/train.py's main() in this process, without a subprocess's imports
+# the family whose training log test_tools_take_the_classifier_config reads
 CLI_FAMILY = 'repa_swin/repa_swin_t_32xb128_in1k.py'
 
 
 @pytest.fixture(scope='module')
 def train(tmp_path_factory):
     """``train(base)``: (classifier config, its checkpoint after ITERS iterations of
-    tools/train.py with --auto-scale-lr, base, the training log), once per module and family
-    (a subprocess for CLI_FAMILY, this process for the others)."""
+    tools/train.py with --auto-scale-lr, base, the training log), once per module and family,
+    tools/train.py's main() in this process (without a subprocess's imports)."""
     done = {}
 
     def trained(base):
@@ -76,11 +74,7 @@ def train(tmp_path_factory):
                 base, FAMILIES[base][1], data, str(tmp / 'classifier.py')
             )
             args = ('tools/train.py', config, '--work-dir', str(tmp / 'work'), '--auto-scale-lr')
-            log = (
-                run_tool(osp.join(ROOT, args[0]), *args[1:])
-                if base == CLI_FAMILY
-                else run_script_here(*args)[1]
-            )
+            log = run_script_here(*args)[1]
             done[base] = config, str(tmp / 'work' / f'iter_{ITERS}.pth'), base, log
         return done[base]
 
@@ -162,8 +156,9 @@ def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
 def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
     """tools/train.py --auto-scale-lr, tools/test.py (top-1 unchanged by --reparam),
     mmpretrain's own tools/test.py on the deploy config with a checkpoint folded by
-    tools/reparameterize.py (get_flops: test_model_index.py). The tools whose output is checked
-    run at the command line; the plain test and the fold, whose results are, in this process."""
+    tools/reparameterize.py (get_flops: test_model_index.py). All in this process (their main(),
+    the runner's log captured); tools/test.py --reparam at the command line:
+    test_tools.py::test_test_with_and_without_reparam."""
     config, checkpoint, _, train_log = trained_repa_swin
     # the recipe's learning rate is for the paper's 4096 images per step; this run has 4
     assert 'LR is set based on batch size of 4096 and the current batch size is 4' in train_log
@@ -180,7 +175,7 @@ def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
             out,
             *flags,
         )
-        log = run_tool(osp.join(ROOT, args[0]), *args[1:]) if flags else run_script_here(*args)[1]
+        log = run_script_here(*args)[1]
         with open(out) as f:
             metrics[name] = json.load(f)
     assert 'ReparameterizeHook: folded model verified' in log
@@ -191,7 +186,7 @@ def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
     deploy = tmp_path / 'deploy.py'
     deploy.write_text(f'_base_ = {config!r}\nmodel = dict(backbone=dict(deploy=True))\n')
     work = str(tmp_path / 'own')
-    run_tool(own_test_script('mmpretrain'), str(deploy), folded, '--work-dir', work)
+    run_script_here(own_test_script('mmpretrain'), str(deploy), folded, '--work-dir', work)
     assert written_metrics(work)['accuracy/top1'] == metrics['plain']['accuracy/top1']
 
 

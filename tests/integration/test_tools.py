@@ -305,7 +305,8 @@ def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
             f'{loader}.persistent_workers=False',
         ]
     work = str(tmp_path / 'work')
-    # training and the plain test in this process, the folded test (its log) at the command line
+    # all in this process (the runner's log captured); tools/test.py --reparam at the command
+    # line: test_test_with_and_without_reparam
     run_script_here('tools/train.py', config, '--work-dir', work, '--cfg-options', *options)
     metrics = {}
     for name, flags in (('plain', []), ('folded', ['--reparam', '--latency-batches', '1'])):
@@ -322,7 +323,7 @@ def test_train_and_test_an_mmseg_config(ade_like, tmp_path):
             '--cfg-options',
             *options,
         )
-        log = run_tool(*args) if flags else run_script_here(*args)[1]
+        log = run_script_here(*args)[1]
         metrics[name] = json.load(open(dump))
     assert 'mIoU' in metrics['plain']
     assert metrics['folded'].keys() == metrics['plain'].keys()
@@ -367,8 +368,9 @@ def test_a_foreign_reparameterizable_backbone_is_folded_by_its_own_convention(tr
             *flags,
             '--cfg-options',
             *options,
-        )  # the folded run's log is checked: a subprocess
-        logs[name] = run_tool(*args) if flags else run_script_here(*args)[1]
+        )  # in this process (the runner's log captured); at the command line:
+        # test_test_with_and_without_reparam
+        logs[name] = run_script_here(*args)[1]
         with open(out) as f:
             metrics[name] = json.load(f)
     log = logs['folded']
