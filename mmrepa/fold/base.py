@@ -102,10 +102,8 @@ class Reparameterizable:
             like = next(itertools.chain(self.parameters(), self.buffers()), None)
             tensors = {}
             if like is not None:
-                # copies: a computed tensor may be a live parameter (``.to`` of a float64 model
-                # returns it), which _apply_fold or an earlier write would change
                 computed = self._fold_tensors(fold_dtype(like), policy)
-                tensors = {k: t.detach().clone() for k, t in computed.items()}
+                tensors = {k: self._checked_cast(k, t, like) for k, t in computed.items()}
             self._apply_fold(tensors, policy)
             state = dict(itertools.chain(self.named_parameters(), self.named_buffers()))
             for name, value in tensors.items():
@@ -114,11 +112,13 @@ class Reparameterizable:
                         f'{type(self).__name__}._apply_fold() built no {name} for the folded '
                         'tensor of that name: create it there (or drop it from _fold_tensors)'
                     )
-                state[name].copy_(self._checked_cast(name, value, state[name]))
+                state[name].copy_(value)
             self.deploy = True
 
     def _checked_cast(self, name: str, value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        value = value.to(device=like.device, dtype=like.dtype)
+        # a copy: a computed tensor may be a live parameter (``.to`` of a float64 model
+        # returns it), which _apply_fold or writing an earlier tensor would change
+        value = value.to(device=like.device, dtype=like.dtype, copy=True)
         if not torch.isfinite(value).all():
             raise FoldError(
                 f'the folded {name} of {type(self).__name__} is not finite in {like.dtype} '
