@@ -10,7 +10,8 @@ VENV := .venv
 PYTHON ?= $(VENV)/bin/python
 BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # two single-threaded workers use 2 cores better than one worker with 2 threads; a file runs
-# on one worker, so module fixtures (trained models) are built once
+# on one worker, so module fixtures (trained models) are built once; files are handed out in
+# tests/conftest.py's order (longest first), which xdist would otherwise replace by test count
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
@@ -37,10 +38,10 @@ format: install-tests
 	$(PYTHON) -m ruff format .
 
 test: lint
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: lint
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 docs: install-tests
 	$(PYTHON) -m sphinx -W --keep-going -n -b html docs docs/_build/html
