@@ -12,6 +12,8 @@ import os.path as osp
 import pytest
 import torch
 
+from tests.helpers import fresh_mmengine_instances
+
 TIERS = ('unit', 'integration')
 
 
@@ -86,7 +88,10 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-    yield
+    # a Runner built in a test leaves its logger, message hub and visualizer as mmengine's
+    # current ones; a later runner's hooks in the same worker must not find them
+    with fresh_mmengine_instances():
+        yield
     # tools/benchmark.py's main() (called directly by test_benchmark_*.py) flushes denormals;
     # a later test in the same worker (hypothesis refuses to run then) gets torch's default back
     torch.set_flush_denormal(False)

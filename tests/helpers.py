@@ -308,6 +308,39 @@ def script_module(script: str):
     return _SCRIPTS[path]
 
 
+def _managed_classes() -> list:
+    """mmengine's process-wide named instances live in each ManagerMixin class (MMLogger,
+    MessageHub, Visualizer and the libraries' visualizers): a tool run in this process leaves
+    its own there, and the next run's hooks would take them as current."""
+    from mmengine.utils import ManagerMixin
+
+    classes, stack = [], [ManagerMixin]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in classes:
+                classes.append(sub)
+                stack.append(sub)
+    return classes
+
+
+@contextlib.contextmanager
+def fresh_mmengine_instances():
+    """Drop the named instances (loggers, with their handlers closed, message hubs,
+    visualizers) created inside, so nothing after finds them as current."""
+    from mmengine.logging import MMLogger
+
+    before = {cls: set(cls._instance_dict) for cls in _managed_classes()}
+    try:
+        yield
+    finally:
+        for cls in _managed_classes():
+            for name in set(cls._instance_dict) - before.get(cls, set()):
+                instance = cls._instance_dict.pop(name, None)  # a dict may be inherited
+                if isinstance(instance, MMLogger):
+                    for handler in instance.handlers:
+                        handler.close()
+
+
 def run_script_here(script: str, *args, ok: bool = True):
     """``python SCRIPT ARGS`` from the repository root as ``run_tool`` runs it, but in this
     process, without the interpreter start and the imports (torch, mmengine, mmdet, ...) a
@@ -321,12 +354,10 @@ def run_script_here(script: str, *args, ok: bool = True):
     directory, ``LOCAL_RANK`` (the runner scripts set it from ``--local_rank``) and the flushing
     of denormals (tools/benchmark.py turns it on; off is torch's default). The messages of a
     runner's logger are captured only if the runner created it: do not assert that something is
-    absent from them without asserting something of the same run is present. The loggers the
-    call created are dropped after it (handlers closed), so the next call's runner creates its
-    own even where its name (config name and second of the start) is the same."""
-    from mmengine.logging import MMLogger
-
-    loggers = set(MMLogger._instance_dict)
+    absent from them without asserting something of the same run is present. The named instances
+    the call created (loggers, with their handlers closed, message hubs, visualizers) are
+    dropped after it, so the next call's runner creates its own even where its name (config
+    name and second of the start) is the same, and its hooks never find an earlier run's."""
     out, value, code = io.StringIO(), None, 0
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, 'argv', [osp.join(ROOT, script), *map(str, args)])
@@ -337,8 +368,9 @@ def run_script_here(script: str, *args, ok: bool = True):
             mp.delenv('LOCAL_RANK', raising=False)
         main = script_module(script).main
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                value = main()
+            with fresh_mmengine_instances():
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                    value = main()
         except SystemExit as stop:  # as the interpreter turns it into an exit code
             code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
             if not isinstance(stop.code, (int, type(None))):
@@ -348,9 +380,6 @@ def run_script_here(script: str, *args, ok: bool = True):
             raise
         finally:
             torch.set_flush_denormal(False)
-            for name in set(MMLogger._instance_dict) - loggers:
-                for handler in MMLogger._instance_dict.pop(name).handlers:
-                    handler.close()
     log = out.getvalue()
     assert (code == 0) == ok, log[-4000:]
     return value, log
