@@ -14,7 +14,7 @@ from mmengine.model import BaseModule, ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
-from ..errors import CheckpointError, ConfigError, InputError
+from ..errors import CheckpointError, ConfigError
 from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
 from ..layers import (
     ChannelIdleFFN,
@@ -65,7 +65,8 @@ class RePaViTBlock(Reparameterizable, BaseModule):
 
     ``attn_type``: ``'S'`` softmax attention (:class:`~mmrepa.layers.WindowedSelfAttention`;
     global, or in ``window_size`` windows with masked padding), ``'L'`` SLAB's simplified
-    linear attention over the whole ``linear_window`` x ``linear_window`` grid. An affine
+    linear attention over the whole grid (its positional encoding, ``linear_window`` x
+    ``linear_window``, resized to other grids). An affine
     ``norm1`` (RepBN, PRepBN, BatchNorm) folds into ``qkv``: padded window tokens are keys
     that are masked and queries that are dropped, so their projection does not matter and the
     fold is exact at any input size. ``deploy=True`` builds the folded structure.
@@ -118,15 +119,8 @@ class RePaViTBlock(Reparameterizable, BaseModule):
 
     def _mix(self, y: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         B, N, C = y.shape
-        if self.attn_type == 'L':
-            side = self.attn.window_size
-            if tuple(hw_shape) != (side, side) or N != side * side:
-                raise InputError(
-                    f'simplified linear attention covers a {side}x{side} token grid '
-                    f'(its positional encoding), got a {hw_shape[0]}x{hw_shape[1]} grid: feed '
-                    'images of the pretraining size or set linear_window'
-                )
-            return self.attn(y)
+        if self.attn_type == 'L':  # the whole grid, its positional encoding resized
+            return self.attn(y, hw_shape=hw_shape)
         if self.window_size is None:  # global, class token included
             return self.attn._attend(y)
         return attend_in_windows(self.attn._attend, y.view(B, *hw_shape, C), self.window_size)
