@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmrepa import reparameterize
-from mmrepa.backbones import PRepBNViT, RePaSwin, RePaViT
+from mmrepa.backbones import DepthRepViT, PRepBNViT, RePaSwin, RePaViT
 from mmrepa.engine.hooks import PRepBNScheduleHook
 from mmrepa.errors import CheckpointError, ConfigError
 from tests.helpers import TINY_ARCH, randomize_
@@ -189,9 +189,11 @@ def test_unknown_size_lists_the_choices():
 
 def test_checkpoints_of_another_family_or_size_are_refused(tmp_path):
     swin = {f'backbone.{k}': v for k, v in RePaSwin(TINY_ARCH).state_dict().items()}
-    with pytest.raises(CheckpointError, match='another family') as e:
-        _load(RePaViT(ARCH, **SMALL), swin, tmp_path)
-    _one_line(e)
+    joined = DepthRepViT(dict(ARCH, num_layers=6), num_branches=2, img_size=32).state_dict()
+    for other in (swin, joined):
+        with pytest.raises(CheckpointError, match='another family') as e:
+            _load(RePaViT(ARCH, **SMALL), other, tmp_path)
+        _one_line(e)
     deeper = _timm_vit('cls', depth=4).state_dict()
     with pytest.raises(CheckpointError, match='another size') as e:
         _load(RePaViT(ARCH, **SMALL), deeper, tmp_path)
