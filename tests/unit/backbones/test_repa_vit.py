@@ -144,8 +144,9 @@ def test_published_sizes_have_the_papers_parameter_counts(size):
         unfolded = millions(RePaViT(size))
         folded = millions(RePaViT(size, deploy=True))
     before, after = PAPER_PARAMS[size]
-    assert abs(unfolded - before) <= 0.051 * max(1, before / 100), unfolded
-    assert abs(folded - after) <= 0.051 * max(1, after / 100), folded
+    # the paper's rounding (0.1 M); ViT-H/14's patch embedding would be 0.23 M off
+    assert abs(unfolded - before) <= 0.05, unfolded
+    assert abs(folded - after) <= 0.05, folded
 
 
 def test_named_size_has_timm_deit_small_shapes():
