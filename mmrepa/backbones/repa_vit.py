@@ -121,7 +121,9 @@ class RePaViTBlock(Reparameterizable, BaseModule):
         B, N, C = y.shape
         if self.attn_type == 'L':  # the whole grid, its positional encoding resized
             return self.attn(y, hw_shape=hw_shape)
-        if self.window_size is None:  # global, class token included
+        # the layer's token-level call (its SDPA is the one mmdeploy's rewrite covers): the
+        # class token makes the tokens no map
+        if self.window_size is None:
             return self.attn._attend(y)
         return attend_in_windows(self.attn._attend, y.view(B, *hw_shape, C), self.window_size)
 
@@ -190,7 +192,8 @@ class RePaViT(PlainViT):
         linear_window (int, optional): Token grid side of the ``'L'`` blocks. Default: the
             pretraining grid (``img_size // patch_size``).
         qkv_bias (bool): Default: True.
-        drop_rate (float): Dropout after the position embedding and in the FFN. Default: 0.
+        drop_rate (float): Dropout after the position embedding, in the FFN and after the
+            linear attention's projection (SLAB's). Default: 0.
         drop_path_rate (float): Stochastic depth, rising linearly over the blocks. Default: 0.1.
         with_cls_token (bool): Default: True.
         out_type (str): ``'cls'``, ``'avg'`` or ``'featmap'``. Default: ``'cls'``.
