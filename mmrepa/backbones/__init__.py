@@ -1,7 +1,18 @@
 from .depth_rep_vit import DepthRepViT
 from .metaformer import CAFormer, ConvFormer
 from .prepbn_swin import PRepBNSwin
+from .prepbn_vit import PRepBNViT
 from .repa_swin import RePaSwin
+from .repa_vit import RePaViT
 from .repopt_vgg import RepOptVGG
 
-__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer', 'PRepBNSwin', 'RepOptVGG', 'DepthRepViT']
+__all__ = [
+    'RePaSwin',
+    'ConvFormer',
+    'CAFormer',
+    'PRepBNSwin',
+    'RepOptVGG',
+    'DepthRepViT',
+    'RePaViT',
+    'PRepBNViT',
+]

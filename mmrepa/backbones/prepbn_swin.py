@@ -6,22 +6,19 @@ folded backbone has no norm left but the LayerNorms on its outputs.
 """
 
 import re
-from typing import Dict, List, Sequence, Union
+from typing import Dict, Sequence, Union
 
 import torch
-from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError
-from ..fold import is_affine_norm
-from ..layers import PRepBN
-from ..registry import build_norm_layer
+from .base import PRepBNBackbone
 from .repa_swin import RePaSwin, checkpoint_filter_fn
 
 
 @MODELS.register_module()
-class PRepBNSwin(RePaSwin):
+class PRepBNSwin(PRepBNBackbone, RePaSwin):
     """Swin Transformer backbone whose norms are PRepBN, optionally with linear attention.
 
     :class:`RePaSwin` with ``norm_cfg=dict(type='PRepBN')`` everywhere inside the network: the
@@ -72,11 +69,7 @@ class PRepBNSwin(RePaSwin):
                     f'PRepBNSwin sets {key} itself (every norm inside the network is '
                     f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin'
                 )
-        if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
-            raise ConfigError(
-                f'prepbn_cfg must build a norm that is affine at inference '
-                f'(PRepBN, RepBN), got {prepbn_cfg}'
-            )
+        self._check_prepbn_cfg(prepbn_cfg)
         # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
         super().__init__(
             arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg, **kwargs
@@ -87,36 +80,9 @@ class PRepBNSwin(RePaSwin):
         # loads a checkpoint).
         self._default_init()
 
-    def prepbn_layers(self) -> List[PRepBN]:
-        """Every PRepBN of the backbone (none once folded)."""
-        return [m for m in self.modules() if isinstance(m, PRepBN)]
-
     def filter_checkpoint(self, state_dict):
         """Any Swin or SLAB layout in PRepBNSwin names; see :func:`prepbn_checkpoint_filter_fn`."""
         return prepbn_checkpoint_filter_fn(state_dict, self)
-
-    def optional_keys(self, state_dict, source):
-        """λ may be missing. A LayerNorm-only checkpoint (vanilla Swin) fills the LN branches
-        and leaves the RepBN branches fresh (logged): train from λ = 1 before using the model in
-        eval mode. A checkpoint that has RepBN branches must have every BatchNorm statistic."""
-        if self.deploy or any('.repbn.' in k for k in state_dict):
-            return ['*.lam']
-        if self.norm_eval:
-            raise ConfigError(
-                f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
-                'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
-                'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
-                'or load a PRepBN checkpoint.'
-            )
-        print_log(
-            f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
-            f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
-            'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
-            'evaluating: eval mode uses the RepBN branch only.',
-            logger='current',
-            level=30,
-        )
-        return ['*.lam', '*.repbn.*']
 
 
 # SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
@@ -165,11 +131,7 @@ def prepbn_checkpoint_filter_fn(
     its LN branch; SLA positional encodings of another window size are resized (bicubic).
     """
     state_dict = checkpoint_filter_fn(_from_linear_norm(strip_prefixes(state_dict)), model)
-    for name, module in model.named_modules():
-        if isinstance(module, PRepBN):
-            for leaf in ('weight', 'bias'):
-                if f'{name}.{leaf}' in state_dict:
-                    state_dict[f'{name}.ln.{leaf}'] = state_dict.pop(f'{name}.{leaf}')
+    state_dict = model.ln_weights_to_prepbn(state_dict)
     return resize_to_model(state_dict, model, 'positional_encoding', _resize_positional_encoding)
 
 
