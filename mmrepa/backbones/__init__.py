@@ -1,5 +1,6 @@
 from .depth_rep_vit import DepthRepViT
 from .metaformer import CAFormer, ConvFormer
+from .mlp_mixer import MLPMixer
 from .prepbn_swin import PRepBNSwin
 from .prepbn_vit import PRepBNViT
 from .repa_swin import RePaSwin
@@ -15,4 +16,5 @@ __all__ = [
     'DepthRepViT',
     'RePaViT',
     'PRepBNViT',
+    'MLPMixer',
 ]

@@ -53,13 +53,22 @@ SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
     r'|deit_[sb]_(32xb128|8xb128)_|(mask-rcnn|upernet)_repa_deit_'
+    r'|mlp_mixer_l16_32xb128_'
 )
 
 # the folders of configs/ in each test_configs_<group>.py (about the same test time each)
 GROUPS = {
     'metaformer': ('metaformer',),
     'repa_swin': ('repa_swin',),
-    'others': ('prepbn_swin', 'repopt_vgg', 'depth_rep_vit', 'demo', 'repa_vit', 'prepbn_vit'),
+    'others': (
+        'prepbn_swin',
+        'repopt_vgg',
+        'depth_rep_vit',
+        'demo',
+        'repa_vit',
+        'prepbn_vit',
+        'mlp_mixer',
+    ),
 }
 
 
@@ -91,7 +100,12 @@ TINY_ARCHS = {
     # 12 blocks, so that the ViTDet configs' global blocks exist
     'RePaViT': dict(embed_dims=16, num_layers=12, num_heads=2),
     'PRepBNViT': dict(embed_dims=16, num_layers=12, num_heads=2),
+    'MLPMixer': dict(
+        embed_dims=16, num_layers=2, tokens_mlp_dims=8, channels_mlp_dims=64, patch_size=16
+    ),
 }
+# what else a tiny arch changes: MLP-Mixer's token MLPs take the test images' patches only
+TINY_OPTIONS = {'MLPMixer': dict(img_size=(H, W))}
 
 
 def det_inputs(with_mask):
@@ -160,6 +174,7 @@ def shrink_backbone(cfg):
         f'{outputs} (out_indices {backbone.out_indices})'
     )
     cfg.model.backbone.arch = TINY_ARCHS[cfg.model.backbone.type]
+    cfg.model.backbone.update(TINY_OPTIONS.get(cfg.model.backbone.type, {}))
     tiny = MODELS.build(cfg.model.backbone)
     set_feature_channels(cfg.model, backbone_outputs(tiny))
     return cfg

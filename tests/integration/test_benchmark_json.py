@@ -142,3 +142,49 @@ def test_benchmark_tool_writes_the_machine(tmp_path, monkeypatch):
     assert machine['threads'] == result['threads']
     assert machine['load_average_start'] is not None and machine['load_average_end'] is not None
     assert result['device_name'] == machine['cpu']  # the field readers had before stays
+
+
+MIXER_TINY = dict(
+    embed_dims=16, num_layers=2, tokens_mlp_dims=8, channels_mlp_dims=64, patch_size=16
+)
+
+
+def test_family_speed_times_a_tiny_model_folded_and_unfolded(tmp_path, monkeypatch, capsys):
+    """benchmarks/family_speed.py on a tiny RePa-MLPMixer classifier (at 224², as every model)."""
+    from mmrepa.apis import init_model
+
+    family_speed = script_module('benchmarks/family_speed.py')
+    config = tmp_path / 'tiny_mixer.py'
+    base = osp.join(ROOT, 'configs', 'mlp_mixer', 'repa_mlp_mixer_b16_32xb128_in1k.py')
+    config.write_text(
+        f'_base_ = {base!r}\n'
+        f'model = dict(backbone=dict(arch=dict({MIXER_TINY!r}, _delete_=True)), '
+        'head=dict(in_channels=16))\n'
+    )
+    tiny = family_speed.Model('tiny', str(config), 130.1, 'RePaFormer Table 1')
+    monkeypatch.setattr(family_speed, 'MODELS', (tiny,))
+    with pytest.raises(SystemExit, match=r"--models: unknown \['huge'\]; choose from \['tiny'\]"):
+        family_speed.main(['--models', 'huge'])
+    out = tmp_path / 'speed.json'
+    threads = torch.get_num_threads()
+    family_speed.main(
+        ['--repeat', '2', '--warmup', '0', '--batches', '1', '2', '--threads', '1']
+        + ['--out', str(out)]
+    )
+    assert torch.get_num_threads() == threads  # given back
+    result = json.loads(out.read_text())
+    check_machine(result['machine'])
+    assert result['machine']['load_average_end'] is not None
+    row = result['models']['tiny']
+    assert [(r['batch'], r['threads']) for r in row['runs']] == [(1, 1), (2, 1)]
+    for r in row['runs']:
+        assert r['speedup'] == r['unfolded']['median_ms'] / r['folded']['median_ms']
+        assert r['speedup_over_mac_ratio'] == r['speedup'] / row['mac_ratio']
+    assert row['mac_ratio'] == pytest.approx(row['gmacs_before'] / row['gmacs_after'])
+    assert row['mac_ratio'] > 1 and row['paper_gain_percent'] == 130.1
+    # the folded copy is what deploy=True builds
+    deployed = init_model(str(config), cfg_options={'model.backbone.deploy': True})
+    assert row['params_after'] == sum(p.numel() for p in deployed.parameters())
+    assert row['params_before'] > row['params_after']
+    table = capsys.readouterr().out
+    assert 'tiny' in table and '+130.1 %' in table

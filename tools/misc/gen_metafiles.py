@@ -84,6 +84,7 @@ COLLECTIONS = {
         ['ConvFormer', 'StarReLU', 'Channel-idle FFN'],
     ),
     'RePa-CAFormer': ('metaformer', 'repaformer', ['CAFormer', 'StarReLU', 'Channel-idle FFN']),
+    'RePa-MLP-Mixer': ('mlp_mixer', 'repaformer', ['MLPMixer', 'Channel-idle FFN']),
     'PRepBN-Swin': ('prepbn_swin', 'slab', ['PRepBNSwin', 'PRepBN']),
     'SLAB-Swin': (
         'prepbn_swin',
@@ -189,6 +190,12 @@ PAPER_RESULTS = {
             top1, f'reported in the RePaFormer paper (Table 2), {_NOT_REPRODUCED}'
         )
         for size, top1 in (('t', 78.5), ('s', 81.6), ('b', 82.6))
+    },
+    **{
+        f'repa_mlp_mixer_{size}_32xb128_in1k': _top1(
+            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
+        )
+        for size, top1 in (('b16', 72.1), ('l16', 72.6))
     },
     **{
         f'{family}_{size}_32xb128_in1k': _top1(
@@ -341,6 +348,8 @@ def family(backbone: dict) -> str:
         return 'RepVGG' if backbone.get('mode') == 'repvgg' else 'RepOpt-VGG'
     if kind == 'DepthRepViT':
         return 'DepthRep-ViT'
+    if kind == 'MLPMixer' and repa:
+        return 'RePa-MLP-Mixer'
     raise ValueError(f'no collection for backbone type {kind!r}')
 
 

@@ -13,6 +13,7 @@ from mmrepa.backbones import (
     CAFormer,
     ConvFormer,
     DepthRepViT,
+    MLPMixer,
     PRepBNSwin,
     PRepBNViT,
     RePaSwin,
@@ -22,6 +23,7 @@ from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 from tests.helpers import TINY_ARCH, randomize_
 
 META = dict(depths=(1, 1, 2, 1), dims=(16, 32, 48, 64))
+MIXER = dict(embed_dims=16, num_layers=3, tokens_mlp_dims=8, channels_mlp_dims=40, patch_size=8)
 BACKBONES = {
     'repa_swin': lambda **kw: RePaSwin(TINY_ARCH, window_size=3, **kw),
     'repa_swin_bn_norms': lambda **kw: RePaSwin(
@@ -51,6 +53,11 @@ BACKBONES = {
         join_lambda=1.0,
         **kw,
     ),
+    # a fixed input size: IMAGE's (6 x 8 patches, the last ones padded)
+    'mlp_mixer': lambda **kw: MLPMixer(
+        MIXER, img_size=IMAGE[2:], idle_ratio=0, ffn_norm='LN', **kw
+    ),
+    'repa_mlp_mixer': lambda **kw: MLPMixer(MIXER, img_size=IMAGE[2:], idle_ratio=0.7, **kw),
 }
 # ViTDet-style: windows of 2 tokens on the 3 x 4 grid, one global block
 VIT_DENSE = dict(
@@ -86,7 +93,7 @@ def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics(name):
         image = x.clone().requires_grad_()  # checkpointing needs an input that wants grad
         sum((o * o).mean() for o in model(image)).backward()
     stats, stats_cp = _statistics(plain), _statistics(checkpointed)
-    if name not in ('swin_ln', 'caformer', 'convformer', 'depth_rep_vit'):
+    if name not in ('swin_ln', 'caformer', 'convformer', 'depth_rep_vit', 'mlp_mixer'):
         assert stats, 'this backbone should have BatchNorms'
     for key in stats:
         assert torch.equal(stats[key], stats_cp[key]), f'{key} differs with with_cp=True'
@@ -101,7 +108,15 @@ def _trainable(model, prefixes):
 
 @pytest.mark.parametrize(
     'name',
-    ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer', 'depth_rep_vit', 'repa_vit'],
+    [
+        'repa_swin',
+        'prepbn_swin',
+        'repa_caformer',
+        'convformer',
+        'depth_rep_vit',
+        'repa_vit',
+        'repa_mlp_mixer',
+    ],
 )
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
 @pytest.mark.parametrize('how', ['switch_to_deploy', 'fold_model'])
@@ -126,7 +141,7 @@ def test_folding_keeps_frozen_stages_frozen(name, frozen_stages, how):
     assert not _trainable(model, frozen)
 
 
-@pytest.mark.parametrize('name', ['repa_swin', 'repa_caformer'])
+@pytest.mark.parametrize('name', ['repa_swin', 'repa_caformer', 'repa_mlp_mixer'])
 def test_backbone_reparameterize_refuses_training_mode(name):
     model = BACKBONES[name]().train()
     with pytest.raises(FoldError, match='eval mode'):
