@@ -1,7 +1,16 @@
 from .depth_rep_vit import DepthRepViT
 from .metaformer import CAFormer, ConvFormer
+from .prepbn_pvt import PRepBNPVT
 from .prepbn_swin import PRepBNSwin
 from .repa_swin import RePaSwin
 from .repopt_vgg import RepOptVGG
 
-__all__ = ['RePaSwin', 'ConvFormer', 'CAFormer', 'PRepBNSwin', 'RepOptVGG', 'DepthRepViT']
+__all__ = [
+    'RePaSwin',
+    'ConvFormer',
+    'CAFormer',
+    'PRepBNSwin',
+    'PRepBNPVT',
+    'RepOptVGG',
+    'DepthRepViT',
+]

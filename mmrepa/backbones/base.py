@@ -4,6 +4,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import constant_init, trunc_normal_init
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -11,6 +12,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..checkpoint.loading import LoadReport, check_shapes, load_state_dict_checked, read_state_dict
 from ..errors import ConfigError, InputError
 from ..fold import FoldPolicy, Reparameterizable
+from ..layers import PRepBN
 from ..registry import build_norm_layer
 
 
@@ -173,6 +175,41 @@ class DenseBackbone(Reparameterizable, BaseModule):
     def optional_keys(self, state_dict: Dict[str, torch.Tensor], source: str) -> List[str]:
         """Patterns of own keys that this (filtered) checkpoint may lack."""
         return []
+
+
+class PRepBNCheckpoints:
+    """What the PRepBN backbones (PRepBN-Swin, PRepBN-PVT) share on loading: λ may be missing
+    from a checkpoint, and a LayerNorm-only checkpoint fills the LN branches of the PRepBNs
+    and leaves their RepBN branches fresh (logged). Mixed into a :class:`DenseBackbone`."""
+
+    def prepbn_layers(self) -> List[PRepBN]:
+        """Every PRepBN of the backbone (none once folded)."""
+        return [m for m in self.modules() if isinstance(m, PRepBN)]
+
+    def optional_keys(self, state_dict, source):
+        """λ may be missing. A LayerNorm-only checkpoint (the LayerNorm model's) fills the LN
+        branches and leaves the RepBN branches fresh (logged): train from λ = 1 before using
+        the model in eval mode. A checkpoint that has RepBN branches must have every BatchNorm
+        statistic."""
+        if self.deploy or any('.repbn.' in k for k in state_dict):
+            return ['*.lam']
+        name = type(self).__name__
+        if self.norm_eval:
+            raise ConfigError(
+                f'{source} is a LayerNorm checkpoint: the RepBN branches of this {name} '
+                'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
+                'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
+                'or load a PRepBN checkpoint.'
+            )
+        print_log(
+            f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
+            f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
+            'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
+            'evaluating: eval mode uses the RepBN branch only.',
+            logger='current',
+            level=30,
+        )
+        return ['*.lam', '*.repbn.*']
 
 
 def trunc_normal_init_(model: nn.Module, types=(nn.Linear,)) -> None:

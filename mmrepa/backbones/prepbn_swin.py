@@ -5,23 +5,22 @@ its neighbour (``qkv``, ``fc1``, the patch-merging reduction, the patch-embeddin
 folded backbone has no norm left but the LayerNorms on its outputs.
 """
 
-import re
-from typing import Dict, List, Sequence, Union
+from typing import Dict, Sequence, Union
 
 import torch
-from mmengine.logging import print_log
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError
 from ..fold import is_affine_norm
-from ..layers import PRepBN
+from ..layers import from_linear_norm, layernorm_into_prepbn
 from ..registry import build_norm_layer
+from .base import PRepBNCheckpoints
 from .repa_swin import RePaSwin, checkpoint_filter_fn
 
 
 @MODELS.register_module()
-class PRepBNSwin(RePaSwin):
+class PRepBNSwin(PRepBNCheckpoints, RePaSwin):
     """Swin Transformer backbone whose norms are PRepBN, optionally with linear attention.
 
     :class:`RePaSwin` with ``norm_cfg=dict(type='PRepBN')`` everywhere inside the network: the
@@ -87,70 +86,9 @@ class PRepBNSwin(RePaSwin):
         # loads a checkpoint).
         self._default_init()
 
-    def prepbn_layers(self) -> List[PRepBN]:
-        """Every PRepBN of the backbone (none once folded)."""
-        return [m for m in self.modules() if isinstance(m, PRepBN)]
-
     def filter_checkpoint(self, state_dict):
         """Any Swin or SLAB layout in PRepBNSwin names; see :func:`prepbn_checkpoint_filter_fn`."""
         return prepbn_checkpoint_filter_fn(state_dict, self)
-
-    def optional_keys(self, state_dict, source):
-        """λ may be missing. A LayerNorm-only checkpoint (vanilla Swin) fills the LN branches
-        and leaves the RepBN branches fresh (logged): train from λ = 1 before using the model in
-        eval mode. A checkpoint that has RepBN branches must have every BatchNorm statistic."""
-        if self.deploy or any('.repbn.' in k for k in state_dict):
-            return ['*.lam']
-        if self.norm_eval:
-            raise ConfigError(
-                f'{source} is a LayerNorm checkpoint: the RepBN branches of this PRepBNSwin '
-                'start with BatchNorm statistics 0/1, and norm_eval=True would keep them '
-                'there. Train with norm_eval=False (and PRepBNScheduleHook from lambda=1), '
-                'or load a PRepBN checkpoint.'
-            )
-        print_log(
-            f'{source} is a LayerNorm checkpoint: its norms went to the LN branches; '
-            f'the RepBN branches of {len(self.prepbn_layers())} PRepBN layers start '
-            'fresh (BatchNorm statistics 0/1, eta=1). Train from lambda=1 before '
-            'evaluating: eval mode uses the RepBN branch only.',
-            logger='current',
-            level=30,
-        )
-        return ['*.lam', '*.repbn.*']
-
-
-# SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
-_LINEAR_NORM_KEY = re.compile(
-    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$'
-)
-
-
-def _from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step."""
-    prefixes = {k[: -len('.norm2.alpha')] for k in state_dict if k.endswith('.norm2.alpha')}
-    out, steps = {}, {}
-    for k, v in state_dict.items():
-        m = _LINEAR_NORM_KEY.match(k)
-        if m is None or m['prefix'] not in prefixes:
-            out[k] = v
-            continue
-        prefix, rest = m['prefix'], m['rest']
-        if rest in ('iter', 'total_step'):
-            steps.setdefault(prefix, {})[rest] = float(v)
-            continue
-        rest = (
-            rest.replace('norm1.', 'ln.', 1)
-            if rest.startswith('norm1.')
-            else rest.replace('norm2.bn.', 'repbn.bn.', 1)
-            if rest.startswith('norm2.bn.')
-            else 'repbn.eta'
-        )
-        out[f'{prefix}.{rest}'] = v
-    for prefix, s in steps.items():
-        if s.get('total_step'):
-            lam = min(1.0, max(0.0, s.get('iter', 0.0) / s['total_step']))
-            out[f'{prefix}.lam'] = torch.tensor(lam)
-    return out
 
 
 def prepbn_checkpoint_filter_fn(
@@ -164,12 +102,8 @@ def prepbn_checkpoint_filter_fn(
     ``X.iter / X.total_step`` = λ); plain LayerNorm weights where the model has a PRepBN go to
     its LN branch; SLA positional encodings of another window size are resized (bicubic).
     """
-    state_dict = checkpoint_filter_fn(_from_linear_norm(strip_prefixes(state_dict)), model)
-    for name, module in model.named_modules():
-        if isinstance(module, PRepBN):
-            for leaf in ('weight', 'bias'):
-                if f'{name}.{leaf}' in state_dict:
-                    state_dict[f'{name}.ln.{leaf}'] = state_dict.pop(f'{name}.{leaf}')
+    state_dict = checkpoint_filter_fn(from_linear_norm(strip_prefixes(state_dict)), model)
+    state_dict = layernorm_into_prepbn(state_dict, model)
     return resize_to_model(state_dict, model, 'positional_encoding', _resize_positional_encoding)
 
 

@@ -9,7 +9,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import FoldError, fold_model, reparameterize
-from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNSwin, RePaSwin
+from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNPVT, PRepBNSwin, RePaSwin
 from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 from tests.helpers import TINY_ARCH, randomize_
 
@@ -23,6 +23,11 @@ BACKBONES = {
     'prepbn_swin': lambda **kw: PRepBNSwin(TINY_ARCH, window_size=3, idle_ratio=0.5, **kw),
     'slab_swin': lambda **kw: PRepBNSwin(
         TINY_ARCH, window_size=3, attn_types='LLSS', linear_window_sizes=4, **kw
+    ),
+    'prepbn_pvt': lambda **kw: PRepBNPVT(
+        dict(embed_dims=8, num_layers=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)),
+        pretrain_img_size=64,
+        **kw,
     ),
     'convformer': lambda **kw: ConvFormer(META, **kw),
     'repa_convformer': lambda **kw: ConvFormer(META, idle_ratio=0.5, **kw),
@@ -80,7 +85,8 @@ def _trainable(model, prefixes):
 
 
 @pytest.mark.parametrize(
-    'name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer', 'depth_rep_vit']
+    'name',
+    ['repa_swin', 'prepbn_swin', 'prepbn_pvt', 'repa_caformer', 'convformer', 'depth_rep_vit'],
 )
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
 @pytest.mark.parametrize('how', ['switch_to_deploy', 'fold_model'])
