@@ -50,13 +50,15 @@ H, W = 96, 128
 SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
+    r'|prepbn_pvt_[sm]_(1x|8xb128)_'
+    r'|mask-rcnn_prepbn_pvt_t_'  # PRepBN-PVT runs in RetinaNet; Mask R-CNN runs with PRepBN-Swin
 )
 
 # the folders of configs/ in each test_configs_<group>.py (about the same test time each)
 GROUPS = {
     'metaformer': ('metaformer',),
     'repa_swin': ('repa_swin',),
-    'others': ('prepbn_swin', 'repopt_vgg', 'depth_rep_vit', 'demo'),
+    'others': ('prepbn_swin', 'prepbn_pvt', 'repopt_vgg', 'depth_rep_vit', 'demo'),
 }
 
 
@@ -75,6 +77,7 @@ FULL_SIZE = {
     'retinanet_caformer_s18_1x_coco.py',  # published ConvFormer / CAFormer (both token mixers)
     'retinanet_repa_caformer_s18_1x_coco.py',  # RePa ConvFormer / CAFormer
     'retinanet_slab_swin_t_1x_coco.py',  # PRepBNSwin with linear attention (SLAB)
+    'retinanet_prepbn_pvt_t_1x_coco.py',  # PRepBNPVT: mmdet's PVT-T config, its type changed
 }
 # the rest: same structure, small widths
 REPOPT_TINY = dict(depths=(1, 2, 1, 1), widths=(8, 16, 16, 32), stem_width=8)
@@ -85,6 +88,7 @@ TINY_ARCHS = {
     'CAFormer': METAFORMER_TINY,
     'RepOptVGG': REPOPT_TINY,
     'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2),
+    'PRepBNPVT': dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4)),
 }
 
 

@@ -38,7 +38,9 @@ class PRepBNScheduleHook(ScheduledScalarHook):
 
     scalar_name = 'prepbn_lambda'
     layer_kind = 'PRepBN layer'
-    missing_hint = "use a backbone with PRepBN norms (type='PRepBNSwin') or remove the hook"
+    missing_hint = (
+        "use a backbone with PRepBN norms (type='PRepBNSwin' or 'PRepBNPVT') or remove the hook"
+    )
 
     def __init__(
         self,
