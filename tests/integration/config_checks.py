@@ -32,10 +32,12 @@ from tests.helpers import (
 # variants (only deploy=True over a config tested here; folded builds are tested per backbone);
 # the larger ImageNet MetaFormer sizes, which shrink to the same tiny model as their s18 config
 # and differ only in drop rates; the 4- and 3-layer depth re-parameterized ViT configs, which
-# differ from the 6-layer ones in depth.
+# differ from the 6-layer ones in depth; the PRepBN-PVT S / M configs, which differ from T in
+# the arch, drop path, λ decay and checkpoint only (the same channels: nothing to wire).
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
     r'|depthrep_vit_tiny_d[34]_'
+    r'|prepbn_pvt_[sm]_(1x|8xb128)_'
 )
 CONFIGS = sorted(
     p
@@ -50,7 +52,6 @@ H, W = 96, 128
 SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
-    r'|prepbn_pvt_[sm]_(1x|8xb128)_'
     r'|mask-rcnn_prepbn_pvt_t_'  # PRepBN-PVT runs in RetinaNet; Mask R-CNN runs with PRepBN-Swin
 )
 
