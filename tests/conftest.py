@@ -69,6 +69,7 @@ LONGEST_FIRST = (
     'test_pretrain_handoff.py',
     'test_inference.py',
     'test_backbone_tools.py',
+    'test_repa_vit.py',
 )
 
 

@@ -2,7 +2,9 @@ from .depth_rep_vit import DepthRepViT
 from .metaformer import CAFormer, ConvFormer
 from .prepbn_pvt import PRepBNPVT
 from .prepbn_swin import PRepBNSwin
+from .prepbn_vit import PRepBNViT
 from .repa_swin import RePaSwin
+from .repa_vit import RePaViT
 from .repopt_vgg import RepOptVGG
 
 __all__ = [
@@ -10,7 +12,9 @@ __all__ = [
     'ConvFormer',
     'CAFormer',
     'PRepBNSwin',
-    'PRepBNPVT',
     'RepOptVGG',
     'DepthRepViT',
+    'RePaViT',
+    'PRepBNViT',
+    'PRepBNPVT',
 ]

@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import LoadReport, check_shapes, load_state_dict_checked, read_state_dict
 from ..errors import ConfigError, InputError
-from ..fold import FoldPolicy, Reparameterizable
+from ..fold import FoldPolicy, Reparameterizable, is_affine_norm
 from ..layers import PRepBN
 from ..registry import build_norm_layer
 
@@ -177,20 +177,46 @@ class DenseBackbone(Reparameterizable, BaseModule):
         return []
 
 
-class PRepBNCheckpoints:
-    """What the PRepBN backbones (PRepBN-Swin, PRepBN-PVT) share on loading: λ may be missing
-    from a checkpoint, and a LayerNorm-only checkpoint fills the LN branches of the PRepBNs
-    and leaves their RepBN branches fresh (logged). Mixed into a :class:`DenseBackbone`."""
+def trunc_normal_init_(model: nn.Module, types=(nn.Linear,)) -> None:
+    """timm / Swin initialisation: truncated-normal weights (std .02) and zero biases for
+    ``types``, identity LayerNorms and BatchNorms."""
+    for m in model.modules():
+        if isinstance(m, types):
+            trunc_normal_init(m, std=0.02, bias=0.0)
+        elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
+            constant_init(m, 1.0, bias=0.0)
+
+
+class PRepBNBackbone:
+    """Mixin of the backbones whose norms are :class:`~mmrepa.layers.PRepBN` (SLAB): the norm
+    config check, and loading LayerNorm checkpoints into the LN branches."""
+
+    @staticmethod
+    def _check_prepbn_cfg(prepbn_cfg: dict) -> None:
+        if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
+            raise ConfigError(
+                f'prepbn_cfg must build a norm that is affine at inference '
+                f'(PRepBN, RepBN), got {prepbn_cfg}'
+            )
 
     def prepbn_layers(self) -> List[PRepBN]:
         """Every PRepBN of the backbone (none once folded)."""
         return [m for m in self.modules() if isinstance(m, PRepBN)]
 
+    def ln_weights_to_prepbn(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Plain LayerNorm weights where this model has a PRepBN go to its LN branch."""
+        for name, module in self.named_modules():
+            if isinstance(module, PRepBN):
+                for leaf in ('weight', 'bias'):
+                    if f'{name}.{leaf}' in state_dict:
+                        state_dict[f'{name}.ln.{leaf}'] = state_dict.pop(f'{name}.{leaf}')
+        return state_dict
+
     def optional_keys(self, state_dict, source):
-        """λ may be missing. A LayerNorm-only checkpoint (the LayerNorm model's) fills the LN
+        """λ may be missing. A LayerNorm-only checkpoint (the vanilla model) fills the LN
         branches and leaves the RepBN branches fresh (logged): train from λ = 1 before using
-        the model in eval mode. A checkpoint that has RepBN branches must have every BatchNorm
-        statistic."""
+        the model in eval mode. A checkpoint that has RepBN branches must have every
+        BatchNorm statistic."""
         if self.deploy or any('.repbn.' in k for k in state_dict):
             return ['*.lam']
         name = type(self).__name__
@@ -210,13 +236,3 @@ class PRepBNCheckpoints:
             level=30,
         )
         return ['*.lam', '*.repbn.*']
-
-
-def trunc_normal_init_(model: nn.Module, types=(nn.Linear,)) -> None:
-    """timm / Swin initialisation: truncated-normal weights (std .02) and zero biases for
-    ``types``, identity LayerNorms and BatchNorms."""
-    for m in model.modules():
-        if isinstance(m, types):
-            trunc_normal_init(m, std=0.02, bias=0.0)
-        elif isinstance(m, (nn.LayerNorm, _BatchNorm)):
-            constant_init(m, 1.0, bias=0.0)

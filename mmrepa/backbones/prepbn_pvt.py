@@ -29,11 +29,10 @@ from ..layers import (
     channels_last_norm,
     checkpoint_forward,
     from_linear_norm,
-    layernorm_into_prepbn,
 )
 from ..options import check_int, per_stage_ratios
 from ..registry import build_norm_layer
-from .base import DenseBackbone, PRepBNCheckpoints, drop_path_rates, lookup_arch
+from .base import DenseBackbone, PRepBNBackbone, drop_path_rates, lookup_arch
 
 # num_layers of the PVT v1 sizes SLAB trains (embed_dims 64, num_heads (1, 2, 5, 8) for all).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -296,16 +295,12 @@ def _prepbn_cfg(norm_cfg: dict, prepbn_cfg: dict) -> dict:
             f'norm_cfg={norm_cfg}: PRepBNPVT replaces the LayerNorms with prepbn_cfg; only '
             "norm_cfg=dict(type='LN', eps=...) can be honoured"
         )
-    if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
-        raise ConfigError(
-            f'prepbn_cfg must build a norm that is affine at inference (PRepBN, RepBN), '
-            f'got {prepbn_cfg}'
-        )
+    PRepBNBackbone._check_prepbn_cfg(prepbn_cfg)
     return dict(prepbn_cfg) if eps is None or 'eps' in prepbn_cfg else dict(prepbn_cfg, eps=eps)
 
 
 @MODELS.register_module()
-class PRepBNPVT(PRepBNCheckpoints, DenseBackbone):
+class PRepBNPVT(PRepBNBackbone, DenseBackbone):
     """Pyramid Vision Transformer (v1) backbone whose norms are PRepBN (SLAB's PRepBN-PVT).
 
     mmdet's ``PyramidVisionTransformer`` with every LayerNorm a PRepBN: the patch-embedding
@@ -658,4 +653,4 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: PRepBNPVT) 
                 f'the checkpoint has {k} but this PRepBNPVT has num_layers {depths}: a '
                 'checkpoint of another size or family; set arch (tiny/small/medium) to match'
             )
-    return layernorm_into_prepbn(state_dict, model)
+    return model.ln_weights_to_prepbn(state_dict)

@@ -12,15 +12,13 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError
-from ..fold import is_affine_norm
-from ..layers import from_linear_norm, layernorm_into_prepbn
-from ..registry import build_norm_layer
-from .base import PRepBNCheckpoints
+from ..layers import from_linear_norm
+from .base import PRepBNBackbone
 from .repa_swin import RePaSwin, checkpoint_filter_fn
 
 
 @MODELS.register_module()
-class PRepBNSwin(PRepBNCheckpoints, RePaSwin):
+class PRepBNSwin(PRepBNBackbone, RePaSwin):
     """Swin Transformer backbone whose norms are PRepBN, optionally with linear attention.
 
     :class:`RePaSwin` with ``norm_cfg=dict(type='PRepBN')`` everywhere inside the network: the
@@ -71,11 +69,7 @@ class PRepBNSwin(PRepBNCheckpoints, RePaSwin):
                     f'PRepBNSwin sets {key} itself (every norm inside the network is '
                     f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin'
                 )
-        if not is_affine_norm(build_norm_layer(prepbn_cfg, 4)[1]):
-            raise ConfigError(
-                f'prepbn_cfg must build a norm that is affine at inference '
-                f'(PRepBN, RepBN), got {prepbn_cfg}'
-            )
+        self._check_prepbn_cfg(prepbn_cfg)
         # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
         super().__init__(
             arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg, **kwargs
@@ -103,7 +97,7 @@ def prepbn_checkpoint_filter_fn(
     its LN branch; SLA positional encodings of another window size are resized (bicubic).
     """
     state_dict = checkpoint_filter_fn(from_linear_norm(strip_prefixes(state_dict)), model)
-    state_dict = layernorm_into_prepbn(state_dict, model)
+    state_dict = model.ln_weights_to_prepbn(state_dict)
     return resize_to_model(state_dict, model, 'positional_encoding', _resize_positional_encoding)
 
 

@@ -1,6 +1,6 @@
 """SLAB's simplified linear attention (SLA, SPEC §2) inside windows."""
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -62,12 +62,28 @@ class SimplifiedLinearAttention(BaseModule):
         self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim)
         self.positional_encoding = nn.Parameter(torch.zeros(1, window_size**2, embed_dims))
 
-    def attend(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """qkv (B * nW, N, 3C) -> (B * nW, N, C) before ``proj``; ``mask`` is ignored."""
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        hw_shape: Optional[Tuple[int, int]] = None,
+    ) -> torch.Tensor:
+        """qkv (B * nW, N, 3C) -> (B * nW, N, C) before ``proj``; ``mask`` is ignored.
+        ``hw_shape``: the token grid when it is not the window (a plain ViT's whole map at
+        another input size): the positional encoding is resized to it (bicubic), as a ViT's
+        position embedding is."""
         BnW, N, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         h, ws = self.num_heads, self.window_size
+        grid = (ws, ws) if hw_shape is None else tuple(hw_shape)
         q, k, v = qkv.view(BnW, N, 3, C).unbind(2)
-        k = k + self.positional_encoding
+        pe = self.positional_encoding
+        if grid != (ws, ws):
+            pe = (
+                F.interpolate(pe.transpose(1, 2).reshape(1, C, ws, ws), size=grid, mode='bicubic')
+                .flatten(2)
+                .transpose(1, 2)
+            )
+        k = k + pe
 
         def heads(t):  # B*nW, h, N, d
             return t.reshape(BnW, N, h, C // h).transpose(1, 2)
@@ -80,12 +96,17 @@ class SimplifiedLinearAttention(BaseModule):
             norm = qw @ kw.sum(dim=2).unsqueeze(-1)  # B*nW, h, N, 1
             out = ((qw @ kv) / (norm + 1e-6)).to(qkv.dtype)
         d = C // h
-        local = self.dwc(v.transpose(-2, -1).reshape(BnW * h, d, ws, ws))
+        local = self.dwc(v.transpose(-2, -1).reshape(BnW * h, d, *grid))
         out = out + local.view(BnW, h, d, N).transpose(-2, -1)
         return out.transpose(1, 2).reshape(BnW, N, C)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.proj_drop(self.proj(self.attend(self.qkv(x))))
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        hw_shape: Optional[Tuple[int, int]] = None,
+    ) -> torch.Tensor:
+        return self.proj_drop(self.proj(self.attend(self.qkv(x), hw_shape=hw_shape)))
 
     def extra_repr(self) -> str:
         return (

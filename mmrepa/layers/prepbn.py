@@ -131,16 +131,3 @@ def from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
             lam = min(1.0, max(0.0, s.get('iter', 0.0) / s['total_step']))
             out[f'{prefix}.lam'] = torch.tensor(lam)
     return out
-
-
-def layernorm_into_prepbn(
-    state_dict: Dict[str, torch.Tensor], model: nn.Module
-) -> Dict[str, torch.Tensor]:
-    """Plain LayerNorm weights (``X.weight``, ``X.bias``) where ``model`` has a PRepBN ``X`` go
-    to its LayerNorm branch (``X.ln.*``); the state dict is in ``model``'s names already."""
-    for name, module in model.named_modules():
-        if isinstance(module, PRepBN):
-            for leaf in ('weight', 'bias'):
-                if f'{name}.{leaf}' in state_dict:
-                    state_dict[f'{name}.ln.{leaf}'] = state_dict.pop(f'{name}.{leaf}')
-    return state_dict

@@ -46,12 +46,15 @@ CONFIGS = sorted(
 )
 H, W = 96, 128
 # Larger sizes of a family (Swin S/B, MetaFormer S36/M36 in detection and segmentation; Swin S/B
-# classifiers): they inherit their smallest size's config and change the arch, drop path and the
-# channels the neck / heads take. Shrunk, they are that config's tiny model, so only their
-# channel wiring is checked and their model built; the smallest size runs loss and predict.
+# and RePa-, PRepBN-, SLAB-DeiT-S/B classifiers): they inherit their smallest size's config and
+# change the arch, drop path and the channels the neck / heads take. Shrunk, they are that
+# config's tiny model, so only their channel wiring is checked and their model built; the
+# smallest size runs loss and predict. Likewise RePa-DeiT's dense configs: a plain ViT through
+# SimpleFPN into Mask R-CNN / UperNet, the pattern depth_rep_vit's configs run in full.
 SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
+    r'|deit_[sb]_(32xb128|8xb128)_|(mask-rcnn|upernet)_repa_deit_'
     r'|mask-rcnn_prepbn_pvt_t_'  # PRepBN-PVT runs in RetinaNet; Mask R-CNN runs with PRepBN-Swin
 )
 
@@ -59,7 +62,15 @@ SIZE_VARIANT = re.compile(
 GROUPS = {
     'metaformer': ('metaformer',),
     'repa_swin': ('repa_swin',),
-    'others': ('prepbn_swin', 'prepbn_pvt', 'repopt_vgg', 'depth_rep_vit', 'demo'),
+    'others': (
+        'prepbn_swin',
+        'prepbn_pvt',
+        'repopt_vgg',
+        'depth_rep_vit',
+        'demo',
+        'repa_vit',
+        'prepbn_vit',
+    ),
 }
 
 
@@ -89,6 +100,9 @@ TINY_ARCHS = {
     'CAFormer': METAFORMER_TINY,
     'RepOptVGG': REPOPT_TINY,
     'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2),
+    # 12 blocks, so that the ViTDet configs' global blocks exist
+    'RePaViT': dict(embed_dims=16, num_layers=12, num_heads=2),
+    'PRepBNViT': dict(embed_dims=16, num_layers=12, num_heads=2),
     'PRepBNPVT': dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4)),
 }
 

@@ -1,4 +1,4 @@
-"""Every config in configs/prepbn_swin/, prepbn_pvt/, repopt_vgg/,
+"""Every config in configs/prepbn_swin/, prepbn_pvt/, repopt_vgg/, repa_vit/, prepbn_vit/,
 depth_rep_vit/ and demo/ builds, and its model runs one loss step and one predict step
 on a small input (config_checks.check_config)."""
 

@@ -97,6 +97,9 @@ COLLECTIONS = {
         ['RepOptVGG', 'Gradient re-parameterization', 'Hyper-Search'],
     ),
     'RepVGG': ('repopt_vgg', 'repvgg', ['RepOptVGG (mode repvgg)', 'RepVGG block']),
+    'RePa-ViT': ('repa_vit', 'repaformer', ['RePaViT', 'Channel-idle FFN']),
+    'PRepBN-DeiT': ('prepbn_vit', 'slab', ['PRepBNViT', 'PRepBN']),
+    'SLAB-DeiT': ('prepbn_vit', 'slab', ['PRepBNViT', 'PRepBN', 'Simplified linear attention']),
     'DepthRep-ViT': (
         'depth_rep_vit',
         'depth-reparam',
@@ -222,6 +225,26 @@ PAPER_RESULTS = {
     'slab_swin_s_8xb128_in1k': _top1(
         83.6, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'
     ),
+    # RePaFormer Table 1 (post-reparameterization top-1 at 224 px); SLAB Tables 1 and 2
+    **{
+        f'repa_deit_{size}_32xb128_in1k': _top1(
+            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
+        )
+        for size, top1 in (('t', 64.3), ('s', 77.1), ('b', 81.4))
+    },
+    **{
+        f'prepbn_deit_{size}_8xb128_in1k': _top1(
+            top1,
+            f'reported in the SLAB paper (Table 1, DeiT-{size.upper()}-PRepBN), {_NOT_REPRODUCED}',
+        )
+        for size, top1 in (('t', 73.6), ('s', 80.2))
+    },
+    **{
+        f'slab_deit_{size}_8xb128_in1k': _top1(
+            top1, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'
+        )
+        for size, top1 in (('t', 74.3), ('s', 80.0))
+    },
     # RepOptimizers: Table 2 (ImageNet top-1 at batch 32 per GPU, mean of 3 runs) and Table 7
     **{
         f'repopt_vgg_{size}_8xb32_in1k': _top1(
@@ -323,6 +346,10 @@ def family(backbone: dict) -> str:
         return f'RePa-{kind}' if repa else kind
     if kind == 'PRepBNSwin':
         return 'SLAB-Swin' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-Swin'
+    if kind == 'RePaViT' and repa:
+        return 'RePa-ViT'
+    if kind == 'PRepBNViT':
+        return 'SLAB-DeiT' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-DeiT'
     if kind == 'PRepBNPVT':
         return 'PRepBN-PVT'
     if kind == 'RepOptVGG':

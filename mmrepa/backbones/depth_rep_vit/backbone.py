@@ -6,12 +6,10 @@ With ``num_branches=1`` the network is a plain pre-norm ViT (timm / mmpretrain
 checkpoint can initialise the branches (layer k·n + b -> block k, branch b).
 """
 
-import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.model import ModuleList
 from mmengine.model.weight_init import trunc_normal_
@@ -20,9 +18,10 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 from ...checkpoint.loading import LoadReport, strip_prefixes
 from ...errors import CheckpointError, ConfigError
-from ...layers import FoldablePatchEmbed, checkpoint_forward
+from ...layers import checkpoint_forward
 from ...options import is_int_at_least
-from ..base import DenseBackbone, drop_path_rates, lookup_arch
+from ..base import drop_path_rates, lookup_arch
+from ..plain_vit import PlainViT, fit_pos_embed, split_vit_layers, vit_embeddings
 from .join import JoinedBlock, stack_attention_branches, stack_ffn_branches
 
 # Width, depth L of the original (sequential) ViT, heads. 'tiny' is the paper's (MAE-Lite's)
@@ -34,7 +33,6 @@ ARCH_SETTINGS: Dict[str, dict] = {
     'base': dict(embed_dims=768, num_layers=12, num_heads=12),
 }
 ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'b': 'base'}
-OUT_TYPES = ('avg', 'cls', 'featmap')
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
@@ -73,29 +71,8 @@ def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Option
     return num_branches
 
 
-def resize_pos_embed(
-    pos_embed: torch.Tensor,
-    src_shape: Tuple[int, int],
-    dst_shape: Tuple[int, int],
-    mode: str = 'bicubic',
-    num_extra_tokens: int = 0,
-) -> torch.Tensor:
-    """(1, extra + Hs·Ws, C) -> (1, extra + Hd·Wd, C): the patch grid resized with
-    ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept.
-
-    Not mmpretrain's ``resize_pos_embed`` nor timm's ``resample_abs_pos_embed``: both resize in
-    float32, which would cut a float64 model's forward (the fold checks) to float32."""
-    if tuple(src_shape) == tuple(dst_shape):
-        return pos_embed
-    extra, grid = pos_embed[:, :num_extra_tokens], pos_embed[:, num_extra_tokens:]
-    C = pos_embed.shape[-1]
-    grid = grid.reshape(1, *src_shape, C).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=tuple(dst_shape), mode=mode, align_corners=False)
-    return torch.cat([extra, grid.flatten(2).transpose(1, 2)], dim=1)
-
-
 @MODELS.register_module()
-class DepthRepViT(DenseBackbone):
+class DepthRepViT(PlainViT):
     """ViT whose L layers train as L / n blocks of n joined branches and fold into L / n.
 
     Each block (:class:`~mmrepa.backbones.depth_rep_vit.JoinedBlock`) holds n attention and n
@@ -105,15 +82,8 @@ class DepthRepViT(DenseBackbone):
     block) gives L / n plain ViT blocks: standard ones for ``join='qkv'``, heads of width
     n·d_h for ``join='logits'``.
 
-    Outputs, per ``out_type``, for every block in ``out_indices``, each through its own
-    output norm ``norm{i}``:
-
-    - ``'avg'``: (B, d), the mean of the patch tokens (class token excluded), then the norm
-      (the paper's ``fc_norm``; mmpretrain's ``out_type='avg_featmap'``).
-    - ``'cls'``: (B, d), the normalized class token (mmpretrain's ``'cls_token'`` with
-      ``final_norm``).
-    - ``'featmap'``: (B, d, ⌈H/16⌉, ⌈W/16⌉) maps of the patch tokens for dense prediction
-      (ViTDet: feed them to :class:`~mmrepa.necks.SimpleFPN`).
+    Outputs per ``out_type`` (``'avg'``: the paper's ``fc_norm``), see
+    :class:`~mmrepa.backbones.plain_vit.PlainViT`.
 
     Args:
         arch (str | dict): ``'tiny'`` (192 wide, 12 heads: the paper's), ``'small'``,
@@ -160,7 +130,6 @@ class DepthRepViT(DenseBackbone):
             mmengine config; ``num_heads`` states it for checkpoints without one.
     """
 
-    stem_name = 'patch_embed'
     pretrained_options = ('use_ema', 'num_heads')
 
     def __init__(
@@ -198,24 +167,6 @@ class DepthRepViT(DenseBackbone):
         self.num_layers = arch['num_layers']
         self.num_branches = resolve_branches(self.num_layers, num_branches, depth)
         self.depth = self.num_layers // self.num_branches
-        if out_type not in OUT_TYPES:
-            raise ConfigError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
-        if out_type == 'cls' and not with_cls_token:
-            raise ConfigError("out_type='cls' needs with_cls_token=True")
-        if window_size is not None and with_cls_token:
-            raise ConfigError(
-                'windowed attention (window_size) works on the patch grid only: '
-                'set with_cls_token=False (ViTDet drops the class token)'
-            )
-        out_indices = [out_indices] if isinstance(out_indices, int) else list(out_indices)
-        out_indices = [i + self.depth if i < 0 else i for i in out_indices]
-        self._check_options(self.depth, out_indices, frozen_stages, norm_eval, deploy)
-        global_blocks = sorted({i + self.depth if i < 0 else i for i in global_blocks})
-        if any(not 0 <= i < self.depth for i in global_blocks):
-            raise ConfigError(
-                f'global_blocks {global_blocks}: each index must be in '
-                f'[0, {self.depth - 1}] (the deployed depth is {self.depth})'
-            )
         if diversity_loss_weight < 0:
             raise ConfigError(f'diversity_loss_weight must be >= 0, got {diversity_loss_weight}')
         if diversity_loss_weight > 0 and window_size is not None:
@@ -223,34 +174,27 @@ class DepthRepViT(DenseBackbone):
                 'the diversity loss is a classification regularizer (SPEC §7.3); '
                 'set diversity_loss_weight=0 with windowed attention'
             )
-        self.in_channels, self.patch_size = in_channels, patch_size
-        self.out_type, self.with_cls_token = out_type, with_cls_token
-        self.num_extra_tokens = int(with_cls_token)
-        self.interpolate_mode = interpolate_mode
+        windows = self._setup_vit(
+            self.embed_dims,
+            self.depth,
+            img_size,
+            patch_size,
+            in_channels,
+            with_cls_token,
+            out_type,
+            out_indices,
+            window_size,
+            global_blocks,
+            interpolate_mode,
+            drop_rate,
+            frozen_stages,
+            norm_eval,
+            deploy,
+        )
         self.with_cp = with_cp
         self.join, self.qkv_bias = join, qkv_bias
         self.diversity_loss_weight = float(diversity_loss_weight)
         self._pending_diversity = None
-        img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.patch_resolution = (img_size[0] // patch_size, img_size[1] // patch_size)
-        self.num_features = [self.embed_dims] * self.depth
-
-        self.patch_embed = FoldablePatchEmbed(
-            in_channels=in_channels,
-            embed_dims=self.embed_dims,
-            conv_type='Conv2d',
-            kernel_size=patch_size,
-            stride=patch_size,
-            norm_cfg=None,
-        )
-        self.cls_token = (
-            nn.Parameter(torch.zeros(1, 1, self.embed_dims)) if with_cls_token else None
-        )
-        num_patches = self.patch_resolution[0] * self.patch_resolution[1]
-        self.pos_embed = nn.Parameter(
-            torch.zeros(1, self.num_extra_tokens + num_patches, self.embed_dims)
-        )
-        self.drop_after_pos = nn.Dropout(p=drop_rate)
         dpr = drop_path_rates(drop_path_rate, self.depth)
         self.stages = ModuleList(
             [
@@ -263,7 +207,7 @@ class DepthRepViT(DenseBackbone):
                     qkv_bias,
                     dpr[i],
                     norm_cfg,
-                    window_size=None if i in global_blocks else window_size,
+                    window_size=windows[i],
                     join_lambda=join_lambda,
                     deploy=deploy,
                 )
@@ -280,20 +224,7 @@ class DepthRepViT(DenseBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``)."""
-        self._check_input(x, self.patch_size, f'smaller than the patch size {self.patch_size}')
-        B = x.shape[0]
-        x, hw_shape = self.patch_embed(x)
-        hw_shape = (int(hw_shape[0]), int(hw_shape[1]))  # plain ints, also when tracing
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        x = x + resize_pos_embed(
-            self.pos_embed,
-            self.patch_resolution,
-            hw_shape,
-            self.interpolate_mode,
-            self.num_extra_tokens,
-        )
-        x = self.drop_after_pos(x)
+        x, hw_shape = self._embed(x)
         outs = []
         for i, block in enumerate(self.stages):
             if self.with_cp:
@@ -305,15 +236,6 @@ class DepthRepViT(DenseBackbone):
         if self.diversity_loss_weight > 0 and self.training:
             self._collect_diversity()
         return tuple(outs)
-
-    def _format_output(self, i: int, x: torch.Tensor, hw_shape) -> torch.Tensor:
-        norm = getattr(self, f'norm{i}')
-        if self.out_type == 'cls':
-            return norm(x[:, 0])
-        patches = x[:, self.num_extra_tokens :]
-        if self.out_type == 'avg':
-            return norm(patches.mean(dim=1))
-        return norm(patches).reshape(x.shape[0], *hw_shape, -1).permute(0, 3, 1, 2).contiguous()
 
     # -- diversity loss
 
@@ -340,33 +262,10 @@ class DepthRepViT(DenseBackbone):
 
     # -- options
 
-    def _freeze_stages(self):
-        super()._freeze_stages()
-        if self.frozen_stages >= 0:
-            for p in (self.cls_token, self.pos_embed):
-                if p is not None:
-                    p.requires_grad = False
-
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """(depth, number of depths) for mmpretrain's layer-wise learning-rate decay: 0 for
-        the embeddings, k + 1 for block k (all its branches: they are one deployed layer),
-        the last for the output norms and whatever follows the backbone (the head)."""
-        num_layers = self.depth + 2
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix) :]
-        if name in ('cls_token', 'pos_embed') or name.startswith('patch_embed'):
-            return 0, num_layers
-        if name.startswith('stages.'):
-            return int(name.split('.')[1]) + 1, num_layers
-        return num_layers - 1, num_layers
-
     def _default_init(self) -> None:
         """ViT's initialisation (timm / DeiT): truncated normal (std .02) for the position
         embedding, class token and every Linear, each branch drawn as its own Linear."""
-        trunc_normal_(self.pos_embed, std=0.02)
-        if self.cls_token is not None:
-            trunc_normal_(self.cls_token, std=0.02)
+        self._init_embeddings()
         for block in self.stages:
             for layer in (block.attn, block.mlp):
                 if layer.deploy:
@@ -413,13 +312,6 @@ class DepthRepViT(DenseBackbone):
 
 # ----------------------------------------------------------------------------- checkpoints
 
-# Per-layer tensors in timm names (= the folded block's), from mmpretrain's.
-_MMPRETRAIN_NAMES = (
-    ('ln1.', 'norm1.'),
-    ('ln2.', 'norm2.'),
-    ('ffn.layers.0.0.', 'mlp.fc1.'),
-    ('ffn.layers.1.', 'mlp.fc2.'),
-)
 _BRANCH_KEYS = (
     'attn.qkv.weight',
     'attn.qkv.bias',
@@ -430,34 +322,6 @@ _BRANCH_KEYS = (
     'mlp.fc2.weight',
     'mlp.fc2.bias',
 )
-
-
-def _split_layers(state_dict: Dict[str, torch.Tensor]):
-    """A timm (``blocks.i``) or mmpretrain (``layers.i``) ViT -> ({i: {timm name: tensor}},
-    the other keys in timm names)."""
-    layers, rest = {}, {}
-    for key, value in state_dict.items():
-        head, _, tail = key.partition('.')
-        if head in ('blocks', 'layers') and tail.split('.')[0].isdigit():
-            index, _, name = tail.partition('.')
-            if head == 'layers':
-                for old, new in _MMPRETRAIN_NAMES:
-                    if name.startswith(old):
-                        name = new + name[len(old) :]
-            layers.setdefault(int(index), {})[name] = value
-        else:
-            rest[key.replace('patch_embed.proj.', 'patch_embed.projection.')] = value
-    return layers, rest
-
-
-def _final_norm_source(model: DepthRepViT, rest: Dict[str, torch.Tensor]) -> Optional[str]:
-    """The checkpoint norm that plays the role of the last output norm: the pooled-feature
-    norm for ``'avg'`` (timm ``fc_norm``, mmpretrain ``ln2``), the final norm for ``'cls'``
-    (timm ``norm``, mmpretrain ``ln1``). Feature maps get none (the dense head adds them)."""
-    if model.out_type == 'featmap' or not model.has_output_norm(model.out_indices[-1]):
-        return None
-    names = ('fc_norm', 'ln2') if model.out_type == 'avg' else ('norm', 'ln1')
-    return next((n for n in names if f'{n}.weight' in rest), None)
 
 
 def checkpoint_filter_fn(
@@ -478,30 +342,18 @@ def checkpoint_filter_fn(
     if any(k.startswith('stages.') for k in state_dict):
         out = dict(state_dict)
     else:
-        layers, rest = _split_layers(state_dict)
-        out = {
-            k: v
-            for k, v in rest.items()
-            if k.startswith(('patch_embed.', 'pos_embed', 'cls_token'))
-        }
-        norm = _final_norm_source(model, rest)
-        if norm is not None:
-            last = f'norm{model.out_indices[-1]}'
-            out.update(
-                {f'{last}.weight': rest[f'{norm}.weight'], f'{last}.bias': rest[f'{norm}.bias']}
-            )
+        layers, rest = split_vit_layers(state_dict)
+        out = vit_embeddings(model, rest)
         out.update(_layers_to_blocks(layers, model))
     pos = out.get('pos_embed')
     if pos is not None:
-        out['pos_embed'] = _fit_pos_embed(pos, model)
+        out['pos_embed'] = fit_pos_embed(pos, model)
     return out
 
 
 def _layers_to_blocks(
     layers: Dict[int, Dict[str, torch.Tensor]], model: DepthRepViT
 ) -> Dict[str, torch.Tensor]:
-    if not layers:
-        return {}
     n = 1 if model.deploy else model.num_branches
     if len(layers) != model.depth * n or sorted(layers) != list(range(len(layers))):
         form = 'folded ' if model.deploy else ''
@@ -544,24 +396,6 @@ def _layers_to_blocks(
         out.update({f'{prefix}attn.{k2}': v for k2, v in attn.items()})
         out.update({f'{prefix}mlp.{k2}': v for k2, v in ffn.items()})
     return out
-
-
-def _fit_pos_embed(pos: torch.Tensor, model: DepthRepViT) -> torch.Tensor:
-    """Drop a class-token entry the model does not have; resize the grid to the model's."""
-    tokens = pos.shape[1]
-    extra = 0 if math.isqrt(tokens) ** 2 == tokens else 1
-    side = math.isqrt(tokens - extra)
-    if side * side != tokens - extra:
-        return pos  # not a square grid: reported as a shape mismatch by the loader
-    if extra and not model.with_cls_token:
-        pos, extra = pos[:, 1:], 0
-    if extra != model.num_extra_tokens:
-        return pos  # a class token the checkpoint lacks: reported by the loader
-    work = pos if pos.dtype == torch.float64 else pos.float()  # bicubic needs fp32 or fp64
-    resized = resize_pos_embed(
-        work, (side, side), model.patch_resolution, model.interpolate_mode, extra
-    )
-    return resized.to(pos.dtype)
 
 
 def checkpoint_num_heads(filename: str) -> Optional[int]:

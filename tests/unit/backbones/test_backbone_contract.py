@@ -9,7 +9,16 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import FoldError, fold_model, reparameterize
-from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNPVT, PRepBNSwin, RePaSwin
+from mmrepa.backbones import (
+    CAFormer,
+    ConvFormer,
+    DepthRepViT,
+    PRepBNPVT,
+    PRepBNSwin,
+    PRepBNViT,
+    RePaSwin,
+    RePaViT,
+)
 from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 from tests.helpers import TINY_ARCH, randomize_
 
@@ -49,6 +58,18 @@ BACKBONES = {
         **kw,
     ),
 }
+# ViTDet-style: windows of 2 tokens on the 3 x 4 grid, one global block
+VIT_DENSE = dict(
+    arch=dict(embed_dims=16, num_layers=3, num_heads=2),
+    img_size=32,
+    with_cls_token=False,
+    out_type='featmap',
+    window_size=2,
+    global_blocks=(1,),
+    out_indices=(0, 2),
+)
+BACKBONES['repa_vit'] = lambda **kw: RePaViT(**VIT_DENSE, **kw)
+BACKBONES['prepbn_vit'] = lambda **kw: PRepBNViT(**VIT_DENSE, idle_ratio=0.5, **kw)
 IMAGE = (2, 3, 45, 61)  # no side a multiple of a window or of 32
 
 
@@ -86,7 +107,15 @@ def _trainable(model, prefixes):
 
 @pytest.mark.parametrize(
     'name',
-    ['repa_swin', 'prepbn_swin', 'prepbn_pvt', 'repa_caformer', 'convformer', 'depth_rep_vit'],
+    [
+        'repa_swin',
+        'prepbn_swin',
+        'prepbn_pvt',
+        'repa_caformer',
+        'convformer',
+        'depth_rep_vit',
+        'repa_vit',
+    ],
 )
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
 @pytest.mark.parametrize('how', ['switch_to_deploy', 'fold_model'])

@@ -1,0 +1,28 @@
+# DeiT-T-PRepBN (PRepBNViT 'tiny') on ImageNet-1k with SLAB's recipe (appendix Table A1):
+# every LayerNorm a PRepBN with λ = 0 from the first iteration (Table A1: 0 decay steps for
+# DeiT-T, pure RepBN), drop path 0, then 10 epochs of BatchNorm statistics only (the paper reports 73.6 % top-1, Table 1). Class
+# token, as SLAB's deit.py.
+_base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/slab_adamw_in1k.py']
+
+model = dict(
+    backbone=dict(
+        type='PRepBNViT',
+        arch='tiny',
+        out_type='cls',
+        out_indices=-1,
+        drop_path_rate=0.0,
+        out_norm_cfg=dict(type='PRepBN', eps=1e-6),
+    ),  # SLAB's final norm is a PRepBN too
+    neck=None,
+    head=dict(in_channels=192),
+)
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        custom_keys={'pos_embed': dict(decay_mult=0.0), 'cls_token': dict(decay_mult=0.0)}
+    )
+)
+iters_per_epoch = 1251  # 1,281,167 images / 1024
+custom_hooks = [
+    dict(type='PRepBNScheduleHook', warmup_iters=0, decay_iters=0),
+    dict(type='BNRecalibrationHook', num_batches=10 * iters_per_epoch),
+]
