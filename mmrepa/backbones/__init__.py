@@ -1,6 +1,7 @@
 from .depth_rep_vit import DepthRepViT
 from .metaformer import CAFormer, ConvFormer
 from .mlp_mixer import MLPMixer
+from .prepbn_pvt import PRepBNPVT
 from .prepbn_swin import PRepBNSwin
 from .prepbn_vit import PRepBNViT
 from .repa_swin import RePaSwin
@@ -17,4 +18,5 @@ __all__ = [
     'RePaViT',
     'PRepBNViT',
     'MLPMixer',
+    'PRepBNPVT',
 ]

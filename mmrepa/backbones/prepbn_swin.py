@@ -5,7 +5,6 @@ its neighbour (``qkv``, ``fc1``, the patch-merging reduction, the patch-embeddin
 folded backbone has no norm left but the LayerNorms on its outputs.
 """
 
-import re
 from typing import Dict, Sequence, Union
 
 import torch
@@ -13,6 +12,7 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError
+from ..layers import from_linear_norm
 from .base import PRepBNBackbone
 from .repa_swin import RePaSwin, checkpoint_filter_fn
 
@@ -85,40 +85,6 @@ class PRepBNSwin(PRepBNBackbone, RePaSwin):
         return prepbn_checkpoint_filter_fn(state_dict, self)
 
 
-# SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
-_LINEAR_NORM_KEY = re.compile(
-    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$'
-)
-
-
-def _from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step."""
-    prefixes = {k[: -len('.norm2.alpha')] for k in state_dict if k.endswith('.norm2.alpha')}
-    out, steps = {}, {}
-    for k, v in state_dict.items():
-        m = _LINEAR_NORM_KEY.match(k)
-        if m is None or m['prefix'] not in prefixes:
-            out[k] = v
-            continue
-        prefix, rest = m['prefix'], m['rest']
-        if rest in ('iter', 'total_step'):
-            steps.setdefault(prefix, {})[rest] = float(v)
-            continue
-        rest = (
-            rest.replace('norm1.', 'ln.', 1)
-            if rest.startswith('norm1.')
-            else rest.replace('norm2.bn.', 'repbn.bn.', 1)
-            if rest.startswith('norm2.bn.')
-            else 'repbn.eta'
-        )
-        out[f'{prefix}.{rest}'] = v
-    for prefix, s in steps.items():
-        if s.get('total_step'):
-            lam = min(1.0, max(0.0, s.get('iter', 0.0) / s['total_step']))
-            out[f'{prefix}.lam'] = torch.tensor(lam)
-    return out
-
-
 def prepbn_checkpoint_filter_fn(
     state_dict: Dict[str, torch.Tensor], model: PRepBNSwin
 ) -> Dict[str, torch.Tensor]:
@@ -130,7 +96,7 @@ def prepbn_checkpoint_filter_fn(
     ``X.iter / X.total_step`` = λ); plain LayerNorm weights where the model has a PRepBN go to
     its LN branch; SLA positional encodings of another window size are resized (bicubic).
     """
-    state_dict = checkpoint_filter_fn(_from_linear_norm(strip_prefixes(state_dict)), model)
+    state_dict = checkpoint_filter_fn(from_linear_norm(strip_prefixes(state_dict)), model)
     state_dict = model.ln_weights_to_prepbn(state_dict)
     return resize_to_model(state_dict, model, 'positional_encoding', _resize_positional_encoding)
 

@@ -9,7 +9,7 @@ from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .norm2d import LayerNorm2d
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
-from .prepbn import PRepBN, RepBN
+from .prepbn import PRepBN, RepBN, from_linear_norm
 from .res_scale import ResScale
 from .sep_conv import SepConv
 from .window_attention import (
@@ -46,5 +46,6 @@ __all__ = [
     'FoldablePatchMerging',
     'PRepBN',
     'RepBN',
+    'from_linear_norm',
     'LayerNorm2d',
 ]

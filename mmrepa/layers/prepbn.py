@@ -1,6 +1,7 @@
 """RepBN and progressive RepBN (PRepBN) of SLAB (SPEC §2), on channels-last tokens (..., C)."""
 
-from typing import Tuple
+import re
+from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -92,3 +93,41 @@ class PRepBN(ScheduledScalar, nn.Module):
 
     def extra_repr(self) -> str:
         return f'{self.ln.normalized_shape[0]}, lam={self.scheduled_value:g}'
+
+
+# SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
+_LINEAR_NORM_KEY = re.compile(
+    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$'
+)
+
+
+def from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step.
+
+    ``X.norm1.*`` is the LayerNorm branch, ``X.norm2.bn.*`` and ``X.norm2.alpha`` the RepBN;
+    only prefixes that have a ``norm2.alpha`` are LinearNorms (a block's own ``norm1`` is not).
+    """
+    prefixes = {k[: -len('.norm2.alpha')] for k in state_dict if k.endswith('.norm2.alpha')}
+    out, steps = {}, {}
+    for k, v in state_dict.items():
+        m = _LINEAR_NORM_KEY.match(k)
+        if m is None or m['prefix'] not in prefixes:
+            out[k] = v
+            continue
+        prefix, rest = m['prefix'], m['rest']
+        if rest in ('iter', 'total_step'):
+            steps.setdefault(prefix, {})[rest] = float(v)
+            continue
+        rest = (
+            rest.replace('norm1.', 'ln.', 1)
+            if rest.startswith('norm1.')
+            else rest.replace('norm2.bn.', 'repbn.bn.', 1)
+            if rest.startswith('norm2.bn.')
+            else 'repbn.eta'
+        )
+        out[f'{prefix}.{rest}'] = v
+    for prefix, s in steps.items():
+        if s.get('total_step'):
+            lam = min(1.0, max(0.0, s.get('iter', 0.0) / s['total_step']))
+            out[f'{prefix}.lam'] = torch.tensor(lam)
+    return out

@@ -32,10 +32,12 @@ from tests.helpers import (
 # variants (only deploy=True over a config tested here; folded builds are tested per backbone);
 # the larger ImageNet MetaFormer sizes, which shrink to the same tiny model as their s18 config
 # and differ only in drop rates; the 4- and 3-layer depth re-parameterized ViT configs, which
-# differ from the 6-layer ones in depth.
+# differ from the 6-layer ones in depth; the PRepBN-PVT S / M configs, which differ from T in
+# the arch, drop path, λ decay and checkpoint only (the same channels: nothing to wire).
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
     r'|depthrep_vit_tiny_d[34]_'
+    r'|prepbn_pvt_[sm]_(1x|8xb128)_'
 )
 CONFIGS = sorted(
     p
@@ -54,6 +56,7 @@ SIZE_VARIANT = re.compile(
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
     r'|deit_[sb]_(32xb128|8xb128)_|(mask-rcnn|upernet)_repa_deit_'
     r'|mlp_mixer_l16_32xb128_'
+    r'|mask-rcnn_prepbn_pvt_t_'  # PRepBN-PVT runs in RetinaNet; Mask R-CNN runs with PRepBN-Swin
 )
 
 # the folders of configs/ in each test_configs_<group>.py (about the same test time each)
@@ -62,6 +65,7 @@ GROUPS = {
     'repa_swin': ('repa_swin',),
     'others': (
         'prepbn_swin',
+        'prepbn_pvt',
         'repopt_vgg',
         'depth_rep_vit',
         'demo',
@@ -87,6 +91,7 @@ FULL_SIZE = {
     'retinanet_caformer_s18_1x_coco.py',  # published ConvFormer / CAFormer (both token mixers)
     'retinanet_repa_caformer_s18_1x_coco.py',  # RePa ConvFormer / CAFormer
     'retinanet_slab_swin_t_1x_coco.py',  # PRepBNSwin with linear attention (SLAB)
+    'retinanet_prepbn_pvt_t_1x_coco.py',  # PRepBNPVT: mmdet's PVT-T config, its type changed
 }
 # the rest: same structure, small widths
 REPOPT_TINY = dict(depths=(1, 2, 1, 1), widths=(8, 16, 16, 32), stem_width=8)
@@ -103,6 +108,7 @@ TINY_ARCHS = {
     'MLPMixer': dict(
         embed_dims=16, num_layers=2, tokens_mlp_dims=8, channels_mlp_dims=64, patch_size=16
     ),
+    'PRepBNPVT': dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4)),
 }
 # what else a tiny arch changes: MLP-Mixer's token MLPs take the test images' patches only
 TINY_OPTIONS = {'MLPMixer': dict(img_size=(H, W))}

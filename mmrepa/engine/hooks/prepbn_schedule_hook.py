@@ -39,7 +39,8 @@ class PRepBNScheduleHook(ScheduledScalarHook):
     scalar_name = 'prepbn_lambda'
     layer_kind = 'PRepBN layer'
     missing_hint = (
-        "use a backbone with PRepBN norms (type='PRepBNSwin' or 'PRepBNViT') or remove the hook"
+        "use a backbone with PRepBN norms (type='PRepBNSwin', 'PRepBNViT' or 'PRepBNPVT') "
+        'or remove the hook'
     )
 
     def __init__(

@@ -14,6 +14,7 @@ from mmrepa.backbones import (
     ConvFormer,
     DepthRepViT,
     MLPMixer,
+    PRepBNPVT,
     PRepBNSwin,
     PRepBNViT,
     RePaSwin,
@@ -33,6 +34,11 @@ BACKBONES = {
     'prepbn_swin': lambda **kw: PRepBNSwin(TINY_ARCH, window_size=3, idle_ratio=0.5, **kw),
     'slab_swin': lambda **kw: PRepBNSwin(
         TINY_ARCH, window_size=3, attn_types='LLSS', linear_window_sizes=4, **kw
+    ),
+    'prepbn_pvt': lambda **kw: PRepBNPVT(
+        dict(embed_dims=8, num_layers=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)),
+        pretrain_img_size=64,
+        **kw,
     ),
     'convformer': lambda **kw: ConvFormer(META, **kw),
     'repa_convformer': lambda **kw: ConvFormer(META, idle_ratio=0.5, **kw),
@@ -111,6 +117,7 @@ def _trainable(model, prefixes):
     [
         'repa_swin',
         'prepbn_swin',
+        'prepbn_pvt',
         'repa_caformer',
         'convformer',
         'depth_rep_vit',
