@@ -9,7 +9,15 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import FoldError, fold_model, reparameterize
-from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNSwin, RePaSwin
+from mmrepa.backbones import (
+    CAFormer,
+    ConvFormer,
+    DepthRepViT,
+    PoolFormer,
+    PRepBNSwin,
+    RandFormer,
+    RePaSwin,
+)
 from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 from tests.helpers import TINY_ARCH, randomize_
 
@@ -30,6 +38,10 @@ BACKBONES = {
     'repa_caformer': lambda **kw: CAFormer(
         META, head_dim=16, idle_ratio=0.75, window_size=(None, None, 2, 2), **kw
     ),
+    'poolformer': lambda **kw: PoolFormer(META, **kw),
+    'repa_poolformer': lambda **kw: PoolFormer(META, idle_ratio=0.75, **kw),
+    # identity mapping in stages 1-2, random mixing over IMAGE's token grids in stages 3-4
+    'repa_randformer': lambda **kw: RandFormer(META, img_size=(45, 61), idle_ratio=0.5, **kw),
     # λ = 1: the joining finished, so that it folds
     'depth_rep_vit': lambda **kw: DepthRepViT(
         dict(embed_dims=16, num_layers=6, num_heads=2),
@@ -66,7 +78,7 @@ def test_with_cp_changes_neither_gradients_nor_batchnorm_statistics(name):
         image = x.clone().requires_grad_()  # checkpointing needs an input that wants grad
         sum((o * o).mean() for o in model(image)).backward()
     stats, stats_cp = _statistics(plain), _statistics(checkpointed)
-    if name not in ('swin_ln', 'caformer', 'convformer', 'depth_rep_vit'):
+    if name not in ('swin_ln', 'caformer', 'convformer', 'poolformer', 'depth_rep_vit'):
         assert stats, 'this backbone should have BatchNorms'
     for key in stats:
         assert torch.equal(stats[key], stats_cp[key]), f'{key} differs with with_cp=True'
@@ -80,7 +92,8 @@ def _trainable(model, prefixes):
 
 
 @pytest.mark.parametrize(
-    'name', ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer', 'depth_rep_vit']
+    'name',
+    ['repa_swin', 'prepbn_swin', 'repa_caformer', 'convformer', 'repa_poolformer', 'depth_rep_vit'],
 )
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])
 @pytest.mark.parametrize('how', ['switch_to_deploy', 'fold_model'])
