@@ -38,6 +38,7 @@ from ..layers import (
     num_active_channels,
 )
 from ..options import is_int_at_least, per_stage, per_stage_ratios
+from ..registry import MODELS as MMREPA_MODELS
 from ..registry import build_activation_layer, build_norm_layer
 from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
@@ -539,6 +540,8 @@ def _refuse(family: str, kwargs: dict, options: Sequence[str], why: str) -> None
 _ATTENTION_OPTIONS = ('window_sizes', 'global_blocks', 'head_dim')
 
 
+# mmpretrain has a PoolFormer of its own, which its scope finds first: mmpretrain configs name
+# this one 'mmrepa.PoolFormer' (see the registration after the class)
 @MODELS.register_module()
 class PoolFormer(MetaFormer):
     """PoolFormer (v1, "MetaFormer is actually what you need"): pooling in all four stages.
@@ -585,6 +588,9 @@ class PoolFormer(MetaFormer):
             out_norm_cfg=out_norm_cfg,
             **kwargs,
         )
+
+
+MMREPA_MODELS.register_module(module=PoolFormer)
 
 
 class _PoolFormerV2Body(MetaFormer):

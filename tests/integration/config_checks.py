@@ -30,11 +30,13 @@ from tests.helpers import (
 
 # Left out: fragments (not whole configs); mmdeploy's configs (configs/deploy/); the deploy
 # variants (only deploy=True over a config tested here; folded builds are tested per backbone);
-# the larger ImageNet MetaFormer sizes, which shrink to the same tiny model as their s18 config
-# and differ only in drop rates; the 4- and 3-layer depth re-parameterized ViT configs, which
-# differ from the 6-layer ones in depth.
+# the larger ImageNet MetaFormer and PoolFormer sizes, which shrink to the same tiny model as
+# their s18 / s12 config and differ only in drop rates (and RePa-PoolFormer's in the optimizer's
+# numbers); the 4- and 3-layer depth re-parameterized ViT configs, which differ from the
+# 6-layer ones in depth.
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
+    r'|(poolformer|poolformerv2|identityformer|randformer)_(s24|s36|m36|m48)_32xb128_in1k\.py$'
     r'|depthrep_vit_tiny_d[34]_'
 )
 CONFIGS = sorted(
@@ -47,16 +49,20 @@ H, W = 96, 128
 # classifiers): they inherit their smallest size's config and change the arch, drop path and the
 # channels the neck / heads take. Shrunk, they are that config's tiny model, so only their
 # channel wiring is checked and their model built; the smallest size runs loss and predict.
+# Likewise PoolFormer's Mask R-CNN and UperNet configs and its RePa RetinaNet: the (tiny)
+# backbone runs in retinanet_poolformer_s12 and repa_poolformer_s12 (folded there too), the
+# heads in the ConvFormer configs of the same recipes.
 SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
+    r'|(mask-rcnn|upernet|retinanet_repa)_poolformer_s12_'
 )
 
 # the folders of configs/ in each test_configs_<group>.py (about the same test time each)
 GROUPS = {
     'metaformer': ('metaformer',),
     'repa_swin': ('repa_swin',),
-    'others': ('prepbn_swin', 'repopt_vgg', 'depth_rep_vit', 'demo'),
+    'others': ('prepbn_swin', 'repopt_vgg', 'depth_rep_vit', 'demo', 'poolformer'),
 }
 
 
@@ -83,6 +89,11 @@ TINY_ARCHS = {
     'PRepBNSwin': TINY_ARCH,
     'ConvFormer': METAFORMER_TINY,
     'CAFormer': METAFORMER_TINY,
+    'PoolFormer': METAFORMER_TINY,
+    'mmrepa.PoolFormer': METAFORMER_TINY,  # as mmpretrain configs name it
+    'PoolFormerV2': METAFORMER_TINY,
+    'IdentityFormer': METAFORMER_TINY,
+    'RandFormer': METAFORMER_TINY,
     'RepOptVGG': REPOPT_TINY,
     'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2),
 }
@@ -154,6 +165,8 @@ def shrink_backbone(cfg):
         f'{outputs} (out_indices {backbone.out_indices})'
     )
     cfg.model.backbone.arch = TINY_ARCHS[cfg.model.backbone.type]
+    if cfg.model.backbone.type == 'RandFormer':  # its mixing matrices are made for one size
+        cfg.model.backbone.img_size = (H, W)
     tiny = MODELS.build(cfg.model.backbone)
     set_feature_channels(cfg.model, backbone_outputs(tiny))
     return cfg

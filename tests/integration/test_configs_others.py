@@ -1,5 +1,5 @@
 """Every config in configs/prepbn_swin/, repopt_vgg/,
-depth_rep_vit/ and demo/ builds, and its model runs one loss step and one predict step
+depth_rep_vit/, demo/ and poolformer/ builds, and its model runs one loss step and one predict step
 on a small input (config_checks.check_config)."""
 
 import os.path as osp
