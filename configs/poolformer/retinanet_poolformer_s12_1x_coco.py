@@ -1,7 +1,7 @@
 # RetinaNet 1x with a PoolFormer-S12 backbone: the PoolFormer release's detection setup (its
 # detection/configs/retinanet_poolformer_s12_fpn_1x_coco.py): mmdet's RetinaNet R-50 1x recipe,
-# AdamW lr 1e-4, weight decay 1e-4, FPN over all four stages from the second
-# (start_level=1, extra convs on the input).
+# AdamW lr 1e-4, weight decay 1e-4, FPN on stages 2-4 with extra convs on the input (the
+# release feeds it all four stages from start_level=1: the same FPN).
 _base_ = [
     'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
     '../_base_/models/poolformer.py',
@@ -15,9 +15,10 @@ model = dict(
     backbone=dict(
         _base_.poolformer_backbone,
         _delete_=True,
+        out_indices=(1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
-    neck=dict(in_channels=[64, 128, 320, 512], start_level=1, add_extra_convs='on_input'),
+    neck=dict(in_channels=[128, 320, 512], start_level=0, add_extra_convs='on_input'),
 )
 
 optim_wrapper = dict(

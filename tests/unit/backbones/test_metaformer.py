@@ -145,7 +145,7 @@ def test_repa_fold_is_the_three_matrix_form():
     assert ffn.norm1 is None and ffn.res_scale is None  # BN and diag(r) folded
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
+@pytest.mark.parametrize('cls', [ConvFormer, CAFormer, PoolFormer])
 def test_deploy_round_trip_and_idempotence(cls):
     model = tiny(cls, idle_ratio=[0.0, 0.25, 0.75, 0.75])
     x = torch.randn(1, 3, 61, 90, dtype=torch.float64)
@@ -715,4 +715,16 @@ def test_the_issue_configs_exist():
                 f'cascade-mask-rcnn_repa_{fam}_{arch}_ms-3x_coco.py',
                 f'upernet_repa_{fam}_{arch}_512x512_160k_ade20k.py',
             ]
+    for fam in ('poolformer', 'poolformerv2', 'identityformer', 'randformer'):
+        expected += [f'{fam}_{arch}_32xb128_in1k.py' for arch in POOLFORMER_ARCHS]
+    for arch in ('s12', 's24', 's36'):  # RePaFormer's Table 1
+        expected += [
+            f'repa_poolformer_{arch}_32xb128_in1k.py',
+            f'repa_poolformer_{arch}_deploy_in1k.py',
+        ]
+    expected += [
+        'retinanet_poolformer_s12_1x_coco.py',
+        'mask-rcnn_poolformer_s12_1x_coco.py',
+        'upernet_poolformer_s12_512x512_160k_ade20k.py',
+    ]
     assert sorted(set(expected) - names) == []
