@@ -32,11 +32,12 @@ from tests.helpers import (
 # variants (only deploy=True over a config tested here; folded builds are tested per backbone);
 # the larger ImageNet MetaFormer and PoolFormer sizes, which shrink to the same tiny model as
 # their s18 / s12 config and differ only in drop rates (and RePa-PoolFormer's in the optimizer's
-# numbers); the 4- and 3-layer depth re-parameterized ViT configs, which differ from the
-# 6-layer ones in depth.
+# numbers); IdentityFormer-S12, whose recipe and blocks are RandFormer-S12's; the 4- and
+# 3-layer depth re-parameterized ViT configs, which differ from the 6-layer ones in depth.
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
     r'|(poolformer|poolformerv2|identityformer|randformer)_(s24|s36|m36|m48)_32xb128_in1k\.py$'
+    r'|identityformer_s12_32xb128_in1k\.py$'  # randformer_s12's model without random mixing
     r'|depthrep_vit_tiny_d[34]_'
 )
 CONFIGS = sorted(

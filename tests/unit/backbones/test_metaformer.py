@@ -98,11 +98,16 @@ NEW_FAMILIES = [PoolFormer, PoolFormerV2, IdentityFormer]
 
 
 @pytest.mark.parametrize(
-    'cls, hw',
-    [(cls, hw) for cls in (ConvFormer, CAFormer) for hw in SIZES]
-    + [(cls, SIZES[0]) for cls in NEW_FAMILIES],  # the mixers have no windows to pad
+    'cls, hw, idle',
+    [
+        (cls, hw, idle)
+        for cls in (ConvFormer, CAFormer)
+        for hw in SIZES
+        for idle in (0.0, [0.0, 0.5, 0.75, 1.0])
+    ]
+    # no windows to pad: one size; idle ratio 0 in stage 1, the published fold
+    + [(cls, SIZES[0], [0.0, 0.5, 0.75, 1.0]) for cls in NEW_FAMILIES],
 )
-@pytest.mark.parametrize('idle', [0.0, [0.0, 0.5, 0.75, 1.0]])
 def test_fold_is_exact_in_float64(cls, hw, idle):
     model = tiny(cls, idle_ratio=idle)
     x = torch.randn(2, 3, *hw, dtype=torch.float64)
@@ -590,7 +595,12 @@ PAPER_POOLFORMER_PARAMS = {
 PAPER_RANDOM_PARAMS = dict(s12=0.2, s24=0.5, s36=0.7, m36=0.7, m48=0.9)
 
 
-@pytest.mark.parametrize('arch', ['s12', 'm48'])  # the others: docs/backbones/metaformer.md
+def test_poolformer_arch_table_is_the_papers():
+    assert POOLFORMER_ARCHS['s36'] == dict(depths=(6, 6, 18, 6), dims=(64, 128, 320, 512))
+    assert POOLFORMER_ARCHS['m48'] == dict(depths=(8, 8, 24, 8), dims=(96, 192, 384, 768))
+
+
+@pytest.mark.parametrize('arch', ['s12'])  # the others: docs/backbones/metaformer.md
 def test_poolformer_family_parameter_counts_are_the_papers(arch):
     with torch.device('meta'):
         models = {
