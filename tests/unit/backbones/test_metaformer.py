@@ -117,7 +117,7 @@ def test_fold_is_exact_in_float64(cls, hw, idle):
     assert max_abs_diff(folded(x), ref) <= 1e-10
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
+@pytest.mark.parametrize('cls', [ConvFormer, CAFormer, PoolFormer])
 def test_fold_is_close_in_float32(cls):
     model = tiny(cls, torch.float32, idle_ratio=0.75)
     x = torch.randn(1, 3, 75, 101)
