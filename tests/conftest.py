@@ -63,6 +63,7 @@ LONGEST_FIRST = (
     'test_hostile_checkpoints.py',
     'test_downstream_tools.py',
     'test_configs_others.py',
+    'test_configs_plain.py',
     'test_tool_inputs.py',
     'test_configs_repa_swin.py',
     'test_quantize.py',

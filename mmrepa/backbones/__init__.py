@@ -1,5 +1,12 @@
 from .depth_rep_vit import DepthRepViT
-from .metaformer import CAFormer, ConvFormer
+from .metaformer import (
+    CAFormer,
+    ConvFormer,
+    IdentityFormer,
+    PoolFormer,
+    PoolFormerV2,
+    RandFormer,
+)
 from .mlp_mixer import MLPMixer
 from .prepbn_pvt import PRepBNPVT
 from .prepbn_swin import PRepBNSwin
@@ -19,4 +26,8 @@ __all__ = [
     'PRepBNViT',
     'MLPMixer',
     'PRepBNPVT',
+    'PoolFormer',
+    'PoolFormerV2',
+    'IdentityFormer',
+    'RandFormer',
 ]

@@ -1,4 +1,5 @@
 from .activations import SquaredReLU, StarReLU, bare_activation, has_output_affine, output_affine
+from .basic_mixers import Pooling, RandomMixing
 from .channel_idle_ffn import (
     ChannelIdleFFN,
     activate_first_,
@@ -7,10 +8,10 @@ from .channel_idle_ffn import (
 )
 from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
-from .norm2d import LayerNorm2d
+from .norm2d import GroupNorm1, LayerNorm2d
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
 from .prepbn import PRepBN, RepBN, from_linear_norm
-from .res_scale import ResScale
+from .res_scale import LayerScale, ResScale
 from .sep_conv import SepConv
 from .window_attention import (
     ShiftWindowMSA,
@@ -39,6 +40,9 @@ __all__ = [
     'has_output_affine',
     'output_affine',
     'ResScale',
+    'LayerScale',
+    'Pooling',
+    'RandomMixing',
     'SepConv',
     'WindowedSelfAttention',
     'SimplifiedLinearAttention',
@@ -48,4 +52,5 @@ __all__ = [
     'RepBN',
     'from_linear_norm',
     'LayerNorm2d',
+    'GroupNorm1',
 ]

@@ -111,7 +111,8 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         mlp_ratio (float): Hidden width as a multiple of C. Default: 4.
         idle_ratio (float): Fraction of hidden channels that skip the activation, in [0, 1].
             0 is a plain FFN (with the chosen norms), 1 a fully linear one. Default: 0.75.
-        norm_cfg (dict): Norm before ``fc1``: ``BN1d`` (folds) or ``LN`` (kept).
+        norm_cfg (dict): Norm before ``fc1``: ``BN1d`` (folds) or ``LN`` / ``GN1`` (kept;
+            it sees the input's shape, e.g. the (B, H, W, C) map GroupNorm needs).
             Default: ``dict(type='BN1d')``.
         hidden_norm_cfg (dict | None): Norm on the hidden layer before ``fc2``; ``None`` for
             none. Default: ``dict(type='BN1d')``.
@@ -272,10 +273,10 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         """x: (..., C) -> (..., C), shortcut included."""
         if self.deploy:
             return self._forward_folded(x)
-        tokens = x.reshape(-1, x.shape[-1])  # 2-D, so fc1's output is not a view
-        h = activate_first_(
-            self.act, self.fc1(channels_last_norm(self.norm1, tokens)), self.active_channels
-        )
+        # the norm sees x's own shape (a GroupNorm reads the whole map); fc1 a 2-D input, so
+        # that its output is not a view
+        tokens = channels_last_norm(self.norm1, x).reshape(-1, x.shape[-1])
+        h = activate_first_(self.act, self.fc1(tokens), self.active_channels)
         if self.norm2 is not None:
             h = self.norm2(h)
         z = self.drop(self.fc2(self.drop(h)))
@@ -288,9 +289,9 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
 
     def _forward_folded(self, x: torch.Tensor) -> torch.Tensor:
         shape, a = x.shape, self.active_channels
+        y = x if self.norm1 is None else self.norm1(x)  # before flattening, as in forward
         x = x.reshape(-1, shape[-1])
-        y = x if self.norm1 is None else self.norm1(x)
-        h = self.in_proj(y)
+        h = self.in_proj(y.reshape(-1, shape[-1]))
         if a == 0:
             out = h
         elif self.has_idle_channels:

@@ -1,4 +1,5 @@
-"""ResScale: a learnable per-channel scale on a residual shortcut (MetaFormer baselines)."""
+"""ResScale and LayerScale: learnable per-channel scales on a residual block's shortcut or
+branch (MetaFormer baselines; PoolFormer v1)."""
 
 import torch
 import torch.nn as nn
@@ -17,3 +18,11 @@ class ResScale(nn.Module):
 
     def forward(self, shortcut: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(branch, shortcut, self.scale)
+
+
+class LayerScale(ResScale):
+    """``shortcut + g * branch`` with a learnable ``scale`` g of shape (C,) (CaiT's LayerScale),
+    channels-last; named ``scale`` as timm's ``Scale`` (``layer_scale1.scale``)."""
+
+    def forward(self, shortcut: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(shortcut, branch, self.scale)

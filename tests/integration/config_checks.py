@@ -30,12 +30,16 @@ from tests.helpers import (
 
 # Left out: fragments (not whole configs); mmdeploy's configs (configs/deploy/); the deploy
 # variants (only deploy=True over a config tested here; folded builds are tested per backbone);
-# the larger ImageNet MetaFormer sizes, which shrink to the same tiny model as their s18 config
-# and differ only in drop rates; the 4- and 3-layer depth re-parameterized ViT configs, which
-# differ from the 6-layer ones in depth; the PRepBN-PVT S / M configs, which differ from T in
-# the arch, drop path, λ decay and checkpoint only (the same channels: nothing to wire).
+# the larger ImageNet MetaFormer and PoolFormer sizes, which shrink to the same tiny model as
+# their s18 / s12 config and differ only in drop rates (and RePa-PoolFormer's in the optimizer's
+# numbers); IdentityFormer-S12, whose recipe and blocks are RandFormer-S12's; the 4- and
+# 3-layer depth re-parameterized ViT configs, which differ from the 6-layer ones in depth; the
+# PRepBN-PVT S / M configs, which differ from T in the arch, drop path, λ decay and checkpoint
+# only (the same channels: nothing to wire).
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
+    r'|(poolformer|poolformerv2|identityformer|randformer)_(s24|s36|m36|m48)_32xb128_in1k\.py$'
+    r'|identityformer_s12_32xb128_in1k\.py$'  # randformer_s12's model without random mixing
     r'|depthrep_vit_tiny_d[34]_'
     r'|prepbn_pvt_[sm]_(1x|8xb128)_'
 )
@@ -50,29 +54,26 @@ H, W = 96, 128
 # change the arch, drop path and the channels the neck / heads take. Shrunk, they are that
 # config's tiny model, so only their channel wiring is checked and their model built; the
 # smallest size runs loss and predict. Likewise RePa-DeiT's dense configs: a plain ViT through
-# SimpleFPN into Mask R-CNN / UperNet, the pattern depth_rep_vit's configs run in full.
+# SimpleFPN into Mask R-CNN / UperNet, the pattern depth_rep_vit's configs run in full; and
+# PoolFormer's Mask R-CNN and UperNet configs and its RePa RetinaNet: the (tiny) backbone runs
+# in retinanet_poolformer_s12 and repa_poolformer_s12 (folded there too), the heads in the
+# ConvFormer configs of the same recipes.
 SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
     r'|deit_[sb]_(32xb128|8xb128)_|(mask-rcnn|upernet)_repa_deit_'
     r'|mlp_mixer_l16_32xb128_'
     r'|mask-rcnn_prepbn_pvt_t_'  # PRepBN-PVT runs in RetinaNet; Mask R-CNN runs with PRepBN-Swin
+    r'|(mask-rcnn|upernet|retinanet_repa)_poolformer_s12_'
 )
 
 # the folders of configs/ in each test_configs_<group>.py (about the same test time each)
 GROUPS = {
     'metaformer': ('metaformer',),
     'repa_swin': ('repa_swin',),
-    'others': (
-        'prepbn_swin',
-        'prepbn_pvt',
-        'repopt_vgg',
-        'depth_rep_vit',
-        'demo',
-        'repa_vit',
-        'prepbn_vit',
-        'mlp_mixer',
-    ),
+    'others': ('prepbn_swin', 'prepbn_pvt', 'repopt_vgg', 'demo', 'poolformer'),
+    # the plain (isotropic) backbones
+    'plain': ('depth_rep_vit', 'repa_vit', 'prepbn_vit', 'mlp_mixer'),
 }
 
 
@@ -100,6 +101,11 @@ TINY_ARCHS = {
     'PRepBNSwin': TINY_ARCH,
     'ConvFormer': METAFORMER_TINY,
     'CAFormer': METAFORMER_TINY,
+    'PoolFormer': METAFORMER_TINY,
+    'mmrepa.PoolFormer': METAFORMER_TINY,  # as mmpretrain configs name it
+    'PoolFormerV2': METAFORMER_TINY,
+    'IdentityFormer': METAFORMER_TINY,
+    'RandFormer': METAFORMER_TINY,
     'RepOptVGG': REPOPT_TINY,
     'DepthRepViT': dict(embed_dims=16, num_layers=12, num_heads=2),
     # 12 blocks, so that the ViTDet configs' global blocks exist
@@ -110,8 +116,9 @@ TINY_ARCHS = {
     ),
     'PRepBNPVT': dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4)),
 }
-# what else a tiny arch changes: MLP-Mixer's token MLPs take the test images' patches only
-TINY_OPTIONS = {'MLPMixer': dict(img_size=(H, W))}
+# what else a tiny arch changes: MLP-Mixer's token MLPs and RandFormer's mixing matrices are
+# made for one size, the test images'
+TINY_OPTIONS = {'MLPMixer': dict(img_size=(H, W)), 'RandFormer': dict(img_size=(H, W))}
 
 
 def det_inputs(with_mask):

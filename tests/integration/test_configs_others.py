@@ -1,5 +1,5 @@
-"""Every config in configs/prepbn_swin/, prepbn_pvt/, repopt_vgg/, repa_vit/, prepbn_vit/,
-mlp_mixer/, depth_rep_vit/ and demo/ builds, and its model runs one loss step and one predict step
+"""Every config in configs/prepbn_swin/, prepbn_pvt/, repopt_vgg/, poolformer/ and demo/
+builds, and its model runs one loss step and one predict step
 on a small input (config_checks.check_config)."""
 
 import os.path as osp

@@ -65,6 +65,10 @@ PAPERS = {
         'URL': 'https://scholar.google.com/scholar?q=Rethinking+Vision+Transformer+Depth+via+'
         'Structural+Reparameterization',
     },
+    'poolformer': {
+        'Title': 'MetaFormer is Actually What You Need for Vision',
+        'URL': 'https://arxiv.org/abs/2111.11418',
+    },
     'swin': {
         'Title': 'Swin Transformer: Hierarchical Vision Transformer using Shifted Windows',
         'URL': 'https://arxiv.org/abs/2103.14030',
@@ -85,6 +89,11 @@ COLLECTIONS = {
     ),
     'RePa-CAFormer': ('metaformer', 'repaformer', ['CAFormer', 'StarReLU', 'Channel-idle FFN']),
     'RePa-MLP-Mixer': ('mlp_mixer', 'repaformer', ['MLPMixer', 'Channel-idle FFN']),
+    'IdentityFormer': ('metaformer', 'metaformer', ['IdentityFormer', 'StarReLU']),
+    'RandFormer': ('metaformer', 'metaformer', ['RandFormer', 'Random mixing', 'StarReLU']),
+    'PoolFormer': ('poolformer', 'poolformer', ['PoolFormer', 'Pooling', 'LayerScale']),
+    'PoolFormerV2': ('poolformer', 'metaformer', ['PoolFormerV2', 'Pooling', 'StarReLU']),
+    'RePa-PoolFormer': ('poolformer', 'repaformer', ['PoolFormer', 'Pooling', 'Channel-idle FFN']),
     'PRepBN-Swin': ('prepbn_swin', 'slab', ['PRepBNSwin', 'PRepBN']),
     'SLAB-Swin': (
         'prepbn_swin',
@@ -173,6 +182,13 @@ PAPER_RESULTS = {
     'upernet_caformer_s36_512x512_160k_ade20k': _miou(50.8, _METAFORMER_SEG),
     'upernet_convformer_m36_512x512_160k_ade20k': _miou(51.3, _METAFORMER_SEG),
     'upernet_caformer_m36_512x512_160k_ade20k': _miou(51.7, _METAFORMER_SEG),
+    # PoolFormer-S12, the PoolFormer release's detection table (1x, the configs' recipes)
+    'retinanet_poolformer_s12_1x_coco': _box(
+        36.2, f'reported by the PoolFormer release (detection README), {_NOT_REPRODUCED}'
+    ),
+    'mask-rcnn_poolformer_s12_1x_coco': _box_mask(
+        37.3, 34.6, f'reported by the PoolFormer release (detection README), {_NOT_REPRODUCED}'
+    ),
     # Swin-T is in Table X as a reference (quoted from the Swin paper); Table X does not say
     # whether the test is single- or multi-scale
     'upernet_swin_t_512x512_160k_ade20k': _miou(
@@ -219,6 +235,30 @@ PAPER_RESULTS = {
             ('caformer', (83.6, 84.5, 85.2, 85.5)),
         )
         for size, top1 in zip(('s18', 's36', 'm36', 'b36'), tops)
+    },
+    **{
+        f'{family}_{size}_32xb128_in1k': _top1(
+            top1, f'reported in the MetaFormer Baselines paper (Table III), {_NOT_REPRODUCED}'
+        )
+        for family, tops in (
+            ('identityformer', (74.6, 78.2, 79.3, 80.0, 80.4)),
+            ('randformer', (76.6, 78.8, 79.5, 81.2, 81.4)),
+            ('poolformerv2', (78.0, 80.7, 81.6, 82.2, 82.6)),
+        )
+        for size, top1 in zip(('s12', 's24', 's36', 'm36', 'm48'), tops)
+    },
+    # PoolFormer v1: the PoolFormer release's table (its README); RePa-PoolFormer: RePaFormer
+    **{
+        f'poolformer_{size}_32xb128_in1k': _top1(
+            top1, f'reported by the PoolFormer paper and release, {_NOT_REPRODUCED}'
+        )
+        for size, top1 in zip(('s12', 's24', 's36', 'm36', 'm48'), (77.2, 80.3, 81.4, 82.1, 82.5))
+    },
+    **{
+        f'repa_poolformer_{size}_32xb128_in1k': _top1(
+            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
+        )
+        for size, top1 in (('s12', 70.5), ('s24', 75.4), ('s36', 76.8))
     },
     'prepbn_swin_t_8xb128_in1k': _top1(
         81.4, f'reported in the SLAB paper (Table 1, Swin-T-PRepBN), {_NOT_REPRODUCED}'
@@ -349,8 +389,10 @@ def family(backbone: dict) -> str:
     repa = any(r > 0 for r in (idle if isinstance(idle, (list, tuple)) else [idle or 0]))
     if kind == 'RePaSwin':
         return 'RePa-Swin' if repa else 'Swin'
-    if kind in ('ConvFormer', 'CAFormer'):
+    if kind in ('ConvFormer', 'CAFormer', 'PoolFormer'):
         return f'RePa-{kind}' if repa else kind
+    if kind in ('PoolFormerV2', 'IdentityFormer', 'RandFormer') and not repa:
+        return kind
     if kind == 'PRepBNSwin':
         return 'SLAB-Swin' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-Swin'
     if kind == 'RePaViT' and repa:

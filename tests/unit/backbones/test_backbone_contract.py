@@ -14,9 +14,11 @@ from mmrepa.backbones import (
     ConvFormer,
     DepthRepViT,
     MLPMixer,
+    PoolFormer,
     PRepBNPVT,
     PRepBNSwin,
     PRepBNViT,
+    RandFormer,
     RePaSwin,
     RePaViT,
 )
@@ -46,6 +48,9 @@ BACKBONES = {
     'repa_caformer': lambda **kw: CAFormer(
         META, head_dim=16, idle_ratio=0.75, window_size=(None, None, 2, 2), **kw
     ),
+    'repa_poolformer': lambda **kw: PoolFormer(META, idle_ratio=0.75, **kw),
+    # identity mapping in stages 1-2, random mixing over IMAGE's token grids in stages 3-4
+    'repa_randformer': lambda **kw: RandFormer(META, img_size=(45, 61), idle_ratio=0.5, **kw),
     # λ = 1: the joining finished, so that it folds
     'depth_rep_vit': lambda **kw: DepthRepViT(
         dict(embed_dims=16, num_layers=6, num_heads=2),
@@ -123,6 +128,7 @@ def _trainable(model, prefixes):
         'depth_rep_vit',
         'repa_vit',
         'repa_mlp_mixer',
+        'repa_poolformer',
     ],
 )
 @pytest.mark.parametrize('frozen_stages', [0, 1, 2])

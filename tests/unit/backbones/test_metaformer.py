@@ -11,10 +11,18 @@ from mmengine.logging import MMLogger
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import reparameterize
-from mmrepa.backbones import CAFormer, ConvFormer
-from mmrepa.backbones.metaformer import ARCH_SETTINGS, checkpoint_filter_fn
+from mmrepa.backbones import (
+    CAFormer,
+    ConvFormer,
+    IdentityFormer,
+    PoolFormer,
+    PoolFormerV2,
+    RandFormer,
+)
+from mmrepa.backbones.metaformer import ARCH_SETTINGS, POOLFORMER_ARCHS, checkpoint_filter_fn
 from mmrepa.checkpoint import load_state_dict_checked
-from mmrepa.layers import ChannelIdleFFN, SquaredReLU
+from mmrepa.errors import CheckpointError
+from mmrepa.layers import ChannelIdleFFN, RandomMixing, SquaredReLU
 from tests.helpers import config_paths, max_abs_diff, naive_windowed_attention, randomize_
 
 timm = pytest.importorskip('timm')
@@ -38,10 +46,28 @@ def tiny(cls, dtype=torch.float64, **kw):
     return randomize_(model).to(dtype).eval()
 
 
+# timm's poolformer_s12 and poolformerv2_s12 (identityformer: v2 with identity mixers)
+TIMM_POOLFORMER_V1 = dict(
+    downsample_norm=None,
+    mlp_act=nn.GELU,
+    mlp_bias=True,
+    norm_layers=timm_mf.GroupNorm1,
+    layer_scale_init_values=1e-5,
+    res_scale_init_values=None,
+)
+TIMM_POOLFORMER_V2 = dict(norm_layers=timm_mf.GroupNorm1NoBias)
+
+
 def timm_tiny(cls):
-    """timm's MetaFormer with the TINY arch, built like convformer_s18 / caformer_s18."""
+    """timm's MetaFormer with the TINY arch, built like convformer_s18 / caformer_s18 /
+    poolformer_s12 / poolformerv2_s12 (IdentityFormer: the latter with identity mixers)."""
     if cls is ConvFormer:
         kw = dict(token_mixers=[timm_mf.SepConv] * 4, norm_layers=timm_mf.LayerNorm2dNoBias)
+    elif cls is PoolFormer:
+        kw = dict(TIMM_POOLFORMER_V1, use_mlp_head=False)
+    elif cls in (PoolFormerV2, IdentityFormer):
+        mixer = timm_mf.Pooling if cls is PoolFormerV2 else nn.Identity
+        kw = dict(TIMM_POOLFORMER_V2, token_mixers=mixer, use_mlp_head=False)
     else:
         kw = dict(
             token_mixers=[timm_mf.SepConv] * 2 + [timm_mf.Attention] * 2,
@@ -68,9 +94,20 @@ def load_timm(model, timm_model):
 # ----------------------------------------------------------------------------- folding
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
-@pytest.mark.parametrize('hw', SIZES)
-@pytest.mark.parametrize('idle', [0.0, [0.0, 0.5, 0.75, 1.0]])
+NEW_FAMILIES = [PoolFormer, PoolFormerV2, IdentityFormer]
+
+
+@pytest.mark.parametrize(
+    'cls, hw, idle',
+    [
+        (cls, hw, idle)
+        for cls in (ConvFormer, CAFormer)
+        for hw in SIZES
+        for idle in (0.0, [0.0, 0.5, 0.75, 1.0])
+    ]
+    # no windows to pad: one size; idle ratio 0 in stage 1, the published fold
+    + [(cls, SIZES[0], [0.0, 0.5, 0.75, 1.0]) for cls in NEW_FAMILIES],
+)
 def test_fold_is_exact_in_float64(cls, hw, idle):
     model = tiny(cls, idle_ratio=idle)
     x = torch.randn(2, 3, *hw, dtype=torch.float64)
@@ -80,7 +117,7 @@ def test_fold_is_exact_in_float64(cls, hw, idle):
     assert max_abs_diff(folded(x), ref) <= 1e-10
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
+@pytest.mark.parametrize('cls', [ConvFormer, CAFormer, PoolFormer])
 def test_fold_is_close_in_float32(cls):
     model = tiny(cls, torch.float32, idle_ratio=0.75)
     x = torch.randn(1, 3, 75, 101)
@@ -113,7 +150,7 @@ def test_repa_fold_is_the_three_matrix_form():
     assert ffn.norm1 is None and ffn.res_scale is None  # BN and diag(r) folded
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
+@pytest.mark.parametrize('cls', [ConvFormer, CAFormer, PoolFormer])
 def test_deploy_round_trip_and_idempotence(cls):
     model = tiny(cls, idle_ratio=[0.0, 0.25, 0.75, 0.75])
     x = torch.randn(1, 3, 61, 90, dtype=torch.float64)
@@ -138,7 +175,7 @@ def test_folding_refuses_training_mode():
 # ----------------------------------------------------------------------------- timm parity
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
+@pytest.mark.parametrize('cls', [ConvFormer, CAFormer] + NEW_FAMILIES)
 def test_timm_state_dict_gives_timm_outputs_in_float64(cls):
     ref = randomize_(timm_tiny(cls)).double().eval()
     kw = dict(window_size=None, head_dim=HEAD_DIM) if cls is CAFormer else {}
@@ -151,7 +188,9 @@ def test_timm_state_dict_gives_timm_outputs_in_float64(cls):
         x = torch.randn(2, 3, *hw, dtype=torch.float64)
         with torch.no_grad():
             feats = ref.forward_intermediates(x, intermediates_only=True)
-            assert max_abs_diff(ours(x), with_output_norms(ours, feats)) <= 1e-10, hw
+            expected = with_output_norms(ours, feats)
+            scale = max(e.abs().max().item() for e in expected)
+            assert max_abs_diff(ours(x), expected) <= 1e-10 * scale, hw
 
 
 def test_full_size_caformer_s18_matches_timm():
@@ -239,7 +278,7 @@ def to_original_release(timm_state):
     return out
 
 
-@pytest.mark.parametrize('cls', [ConvFormer, CAFormer])
+@pytest.mark.parametrize('cls', [ConvFormer, CAFormer, PoolFormerV2])
 def test_original_release_checkpoint_loads_through_the_converter(cls, tmp_path):
     ref = randomize_(timm_tiny(cls)).eval()
     release = to_original_release(ref.state_dict())
@@ -290,7 +329,8 @@ def test_missing_core_weights_and_wrong_shapes_are_errors():
         load_state_dict_checked(model, checkpoint_filter_fn(state, model))
     wide = ConvFormer(arch=dict(depths=TINY['depths'], dims=(16, 32, 48, 96)))
     with pytest.raises(ValueError, match=r'stages\.3\.downsample\.conv\.weight has shape'):
-        load_state_dict_checked(wide, checkpoint_filter_fn(ref.state_dict(), wide))
+        state = checkpoint_filter_fn(ref.state_dict(), wide, check_structure=False)
+        load_state_dict_checked(wide, state)
 
 
 def test_published_weights_cannot_silently_initialise_a_repa_model():
@@ -417,6 +457,16 @@ def test_init_weights_follow_timm():
             'needs 4 depths and 4 dims',
         ),
         (ConvFormer, dict(idle_ratio=1.5), r'idle_ratio must be in \[0, 1\]'),
+        (PoolFormer, dict(idle_ratio=-0.25), r'idle_ratio must be in \[0, 1\]'),
+        (RandFormer, dict(idle_ratio=[0, 0, 0, 2]), r'idle_ratio must be in \[0, 1\]'),
+        (
+            PoolFormerV2,
+            dict(arch='s18'),
+            r"unknown arch 's18'; choose one of \['m36', 'm48', 's12', 's24', 's36'\]",
+        ),
+        (IdentityFormer, dict(window_sizes=(7,) * 4), 'IdentityFormer has no'),
+        (PoolFormer, dict(head_dim=16), 'PoolFormer has no'),
+        (RandFormer, dict(img_size=(224,)), r'img_size must be an integer or \(H, W\)'),
         (ConvFormer, dict(idle_ratio=[0.5, 0.5]), 'idle_ratio has 2 entries but the arch has 4'),
         (ConvFormer, dict(out_indices=(4,)), r'out_indices .* \[0, 3\]'),
         (ConvFormer, dict(frozen_stages=5), r'frozen_stages must be in \[-1, 4\]'),
@@ -438,6 +488,216 @@ def test_bad_input_says_what_is_expected():
         model(torch.randn(1, 1, 64, 64))
     with pytest.raises(ValueError, match='at least 3 x 3 pixels'):
         model(torch.randn(1, 3, 2, 64))
+
+
+# ------------------------------------------- PoolFormer (v1, v2), IdentityFormer, RandFormer
+
+
+def mmpretrain_tiny():
+    """mmpretrain's PoolFormer with the TINY arch, all four outputs, random weights."""
+    from mmpretrain.models.backbones import PoolFormer as MMPoolFormer
+
+    arch = dict(layers=list(TINY['depths']), embed_dims=list(TINY['dims']))
+    model = MMPoolFormer(arch, out_indices=[0, 2, 4, 6])
+    randomize_(model)
+    model.double()
+    model.eval()  # mmpretrain's PoolFormer.train returns None
+    return model
+
+
+def relative_diff(out, expected):
+    return max_abs_diff(out, expected) / max(e.abs().max().item() for e in expected)
+
+
+def test_mmpretrain_poolformer_gives_the_same_outputs_in_float64():
+    ref = mmpretrain_tiny()
+    ours = PoolFormer(arch=TINY).double().eval()
+    report = load_state_dict_checked(ours, checkpoint_filter_fn(ref.state_dict(), ours))
+    assert report.missing == [] and report.unexpected == []
+    x = torch.randn(2, 3, 75, 101, dtype=torch.float64)
+    with torch.no_grad():
+        assert relative_diff(ours(x), ref(x)) <= 1e-10
+
+
+def to_poolformer_release(mmpretrain_state):
+    """mmpretrain's names -> the sail-sg/poolformer classifier release: no output norms but
+    the classifier's ``norm`` (mmpretrain's last one) and ``head``."""
+    out = {k: v for k, v in mmpretrain_state.items() if not re.match(r'norm\d', k)}
+    out['norm.weight'], out['norm.bias'] = (
+        mmpretrain_state['norm6.weight'],
+        mmpretrain_state['norm6.bias'],
+    )
+    out['head.weight'], out['head.bias'] = torch.randn(1000, TINY['dims'][3]), torch.zeros(1000)
+    return out
+
+
+def test_poolformer_release_mmpretrain_and_detector_files_load_through_init_cfg(tmp_path):
+    ref = mmpretrain_tiny()
+    release = to_poolformer_release(ref.state_dict())
+    # the fixture is the release format: timm's own converter maps it onto timm's names
+    timm_ref = timm_tiny(PoolFormer)
+    assert set(timm_mf.checkpoint_filter_fn(release, timm_ref)) == set(timm_ref.state_dict())
+    own = PoolFormer(arch=TINY).double()
+    load_state_dict_checked(own, checkpoint_filter_fn(ref.state_dict(), own))
+    files = {
+        'release': {'model': release},
+        'mmpretrain_classifier': {
+            'state_dict': {'backbone.' + k: v for k, v in ref.state_dict().items()}
+            | {'head.fc.weight': torch.zeros(10, TINY['dims'][3])}
+        },
+        'mmrepa_detector': {
+            'state_dict': {'backbone.' + k: v for k, v in own.state_dict().items()}
+            | {'neck.lateral_convs.0.conv.weight': torch.zeros(8, 16, 1, 1)}
+        },
+    }
+    x = torch.randn(1, 3, 70, 52, dtype=torch.float64)
+    with torch.no_grad():
+        expected = ref(x)
+    for name, content in files.items():
+        path = tmp_path / f'{name}.pth'
+        torch.save(content, path)
+        ours = PoolFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+        ours.init_weights()
+        ours.double().eval()
+        with torch.no_grad():
+            out = ours(x)
+        # the release has the last output norm only (its classifier's)
+        compared = slice(3, 4) if name == 'release' else slice(0, 4)
+        assert relative_diff(out[compared], expected[compared]) <= 1e-10, name
+
+
+@pytest.mark.parametrize(
+    'timm_name, cls',
+    [
+        ('poolformer_s12', PoolFormer),
+        ('poolformerv2_s12', PoolFormerV2),
+    ],
+)
+def test_full_size_timm_poolformer_state_dicts_map_onto_ours(timm_name, cls):
+    with torch.device('meta'):  # shapes only
+        ref = timm.create_model(timm_name, pretrained=False)
+        ours = cls(timm_name.split('_')[1])
+    state = checkpoint_filter_fn(ref.state_dict(), ours)
+    own = ours.state_dict()
+    assert {k: v.shape for k, v in state.items() if k in own} == {
+        k: v.shape for k, v in own.items() if not re.match(r'norm[0-2]\.', k)
+    }
+    assert sorted(set(state) - set(own)) == ['head.fc.bias', 'head.fc.weight']
+
+
+# parameters in millions with a Linear classifier on the normalised pooled features: the
+# MetaFormer baselines paper (Table III), the PoolFormer paper (v1; RePaFormer's Table 2)
+PAPER_POOLFORMER_PARAMS = {
+    'PoolFormerV2': dict(s12=11.9, s24=21.3, s36=30.8, m36=56.1, m48=73.3),
+    'PoolFormer': dict(s12=12.0, s24=21.4, s36=30.9, m36=56, m48=73),
+}
+# RandFormer's frozen random matrices, "+ 0.2" etc. (Table III)
+PAPER_RANDOM_PARAMS = dict(s12=0.2, s24=0.5, s36=0.7, m36=0.7, m48=0.9)
+
+
+def test_poolformer_arch_table_is_the_papers():
+    assert POOLFORMER_ARCHS['s36'] == dict(depths=(6, 6, 18, 6), dims=(64, 128, 320, 512))
+    assert POOLFORMER_ARCHS['m48'] == dict(depths=(8, 8, 24, 8), dims=(96, 192, 384, 768))
+
+
+@pytest.mark.parametrize('arch', ['s12'])  # the others: docs/backbones/metaformer.md
+def test_poolformer_family_parameter_counts_are_the_papers(arch):
+    with torch.device('meta'):
+        models = {
+            cls: cls(arch, out_indices=(3,))
+            for cls in (PoolFormer, PoolFormerV2, IdentityFormer, RandFormer)
+        }
+    classifier = POOLFORMER_ARCHS[arch]['dims'][3] * 1001
+    counts = {cls: (_params(m) + classifier) / 1e6 for cls, m in models.items()}
+    for cls in (PoolFormer, PoolFormerV2):
+        paper = PAPER_POOLFORMER_PARAMS[cls.__name__][arch]
+        assert round(counts[cls], 1 if paper % 1 else 0) == paper, cls
+    assert counts[IdentityFormer] == counts[PoolFormerV2]
+    assert round(counts[RandFormer] - counts[IdentityFormer], 1) == PAPER_RANDOM_PARAMS[arch]
+
+
+def test_random_mixing_is_the_paper_s_algorithm():
+    layer = RandomMixing((3, 5)).double()
+    assert not layer.random_matrix.requires_grad
+    torch.testing.assert_close(layer.random_matrix.sum(1), torch.ones(15, dtype=torch.float64))
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    tokens = x.reshape(2, 15, 4)  # Algorithm 1 of the paper
+    expected = torch.einsum('mn, bnc -> bmc', layer.random_matrix, tokens).reshape(x.shape)
+    assert max_abs_diff(layer(x), expected) <= 1e-12
+
+
+def test_randformer_with_identity_matrices_is_identityformer():
+    rand = randomize_(RandFormer(arch=TINY, img_size=(61, 90))).double().eval()
+    ident = IdentityFormer(arch=TINY).double().eval()
+    shared = {k: v for k, v in rand.state_dict().items() if not k.endswith('random_matrix')}
+    ident.load_state_dict(shared)  # strict: all but the random matrices
+    x = torch.randn(2, 3, 61, 90, dtype=torch.float64)
+    with torch.no_grad():
+        assert max_abs_diff(rand(x), ident(x)) > 1e-3
+        for m in rand.modules():
+            if isinstance(m, RandomMixing):
+                m.random_matrix.copy_(torch.eye(m.random_matrix.shape[0]))
+        assert max_abs_diff(rand(x), ident(x)) <= 1e-12
+
+
+@pytest.mark.parametrize('idle', [0.0, [0.0, 0.5, 0.75, 1.0]])
+def test_randformer_fold_is_exact_in_float64_and_deploys(idle):
+    model = randomize_(RandFormer(arch=TINY, img_size=(61, 90), idle_ratio=idle)).double().eval()
+    x = torch.randn(2, 3, 61, 90, dtype=torch.float64)
+    ref = model(x)
+    reparameterize(model)
+    assert max_abs_diff(model(x), ref) <= 1e-10
+    deployed = RandFormer(arch=TINY, img_size=(61, 90), idle_ratio=idle, deploy=True)
+    deployed.double().eval().load_state_dict(model.state_dict())  # strict
+    assert max_abs_diff(deployed(x), ref) <= 1e-10
+
+
+def test_randformer_refuses_another_input_size_in_one_line():
+    model = RandFormer(arch=TINY, img_size=64).eval()
+    with pytest.raises(ValueError) as info:
+        model(torch.randn(1, 3, 800, 1216))
+    message = str(info.value)
+    assert '\n' not in message and 'made for 64 x 64 input and got (800, 1216)' in message
+    assert [o.shape[2:] for o in model(torch.randn(1, 3, 64, 64))][2:] == [(4, 4), (2, 2)]
+
+
+@pytest.mark.parametrize(
+    'source, target, message',
+    [
+        (
+            lambda: ConvFormer('s18'),
+            lambda: PoolFormerV2('s12'),
+            'the checkpoint is a ConvFormer s18, the model a PoolFormerV2 or IdentityFormer s12',
+        ),
+        (
+            lambda: PoolFormer('s24'),
+            lambda: PoolFormer('s12'),
+            r'is a PoolFormer \(v1\) s24, the model a PoolFormer \(v1\) s12',
+        ),
+        (
+            lambda: PoolFormerV2('m36'),
+            lambda: PoolFormer('m36'),
+            r'is a PoolFormerV2 or IdentityFormer m36, the model a PoolFormer \(v1\) m36',
+        ),
+        (lambda: PoolFormerV2('s12'), lambda: RandFormer('s12'), 'the model a RandFormer s12'),
+        (lambda: nn.Linear(2, 2), lambda: IdentityFormer('s12'), 'has no MetaFormer blocks'),
+    ],
+)
+def test_checkpoint_of_another_family_or_size_is_refused_in_one_line(source, target, message):
+    with torch.device('meta'):  # shapes are all the check reads
+        state, model = source().state_dict(), target()
+    with pytest.raises(CheckpointError) as info:
+        model.filter_checkpoint(state)
+    assert re.search(message, str(info.value)) and '\n' not in str(info.value)
+
+
+def test_init_cfg_refuses_a_checkpoint_of_another_size(tmp_path):
+    path = tmp_path / 'other.pth'
+    other = PoolFormer(arch=dict(depths=(1, 1, 2, 1), dims=TINY['dims']))
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in other.state_dict().items()}}, path)
+    model = PoolFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(CheckpointError, match=r'with depths \(1, 1, 2, 1\) and dims'):
+        model.init_weights()
 
 
 # --------------------------------------------------------------------------------- configs
@@ -465,4 +725,16 @@ def test_the_issue_configs_exist():
                 f'cascade-mask-rcnn_repa_{fam}_{arch}_ms-3x_coco.py',
                 f'upernet_repa_{fam}_{arch}_512x512_160k_ade20k.py',
             ]
+    for fam in ('poolformer', 'poolformerv2', 'identityformer', 'randformer'):
+        expected += [f'{fam}_{arch}_32xb128_in1k.py' for arch in POOLFORMER_ARCHS]
+    for arch in ('s12', 's24', 's36'):  # RePaFormer's Table 1
+        expected += [
+            f'repa_poolformer_{arch}_32xb128_in1k.py',
+            f'repa_poolformer_{arch}_deploy_in1k.py',
+        ]
+    expected += [
+        'retinanet_poolformer_s12_1x_coco.py',
+        'mask-rcnn_poolformer_s12_1x_coco.py',
+        'upernet_poolformer_s12_512x512_160k_ade20k.py',
+    ]
     assert sorted(set(expected) - names) == []

@@ -304,7 +304,17 @@ def _metaformer_block():
 
 
 def _build(path: str):
-    from mmrepa.backbones import CAFormer, ConvFormer, DepthRepViT, PRepBNSwin, RepOptVGG
+    from mmrepa.backbones import (
+        CAFormer,
+        ConvFormer,
+        DepthRepViT,
+        IdentityFormer,
+        PoolFormer,
+        PoolFormerV2,
+        PRepBNSwin,
+        RandFormer,
+        RepOptVGG,
+    )
     from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
     from mmrepa.backbones.metaformer import MetaFormer
     from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
@@ -323,6 +333,10 @@ def _build(path: str):
         'backbones.metaformer.ConvFormer': lambda: ConvFormer(meta, idle_ratio=0.5),
         'backbones.metaformer.MetaFormer': lambda: MetaFormer(meta, ('conv',) * 4, idle_ratio=0.5),
         'backbones.metaformer.MetaFormerBlock': _metaformer_block,
+        'backbones.metaformer.PoolFormer': lambda: PoolFormer(meta, idle_ratio=0.5),
+        'backbones.metaformer.PoolFormerV2': lambda: PoolFormerV2(meta, idle_ratio=0.5),
+        'backbones.metaformer.IdentityFormer': lambda: IdentityFormer(meta, idle_ratio=0.5),
+        'backbones.metaformer.RandFormer': lambda: RandFormer(meta, img_size=64, idle_ratio=0.5),
         'backbones.prepbn_swin.PRepBNSwin': lambda: PRepBNSwin(
             TINY_ARCH, window_size=3, idle_ratio=0.5
         ),
@@ -355,6 +369,7 @@ ABSTRACT = {
     'mmrepa.backbones.base.DenseBackbone',
     'mmrepa.layers.patch_layers._NormFolding',
     'mmrepa.backbones.repopt_vgg.blocks._RepOptLayer',
+    'mmrepa.backbones.metaformer._PoolFormerV2Body',
 }
 FOLDABLE = sorted(_foldable_classes())
 

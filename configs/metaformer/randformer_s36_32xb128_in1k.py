@@ -1,0 +1,5 @@
+# RandFormer-S36: randformer_s12_32xb128_in1k.py with the s36 arch and drop path
+# 0.2 (Table XIII; the paper reports 79.5 % top-1).
+_base_ = './randformer_s12_32xb128_in1k.py'
+
+model = dict(backbone=dict(arch='s36', drop_path_rate=0.2), head=dict(in_channels=512))
