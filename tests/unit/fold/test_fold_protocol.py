@@ -309,10 +309,14 @@ def _build(path: str):
         ConvFormer,
         DepthRepViT,
         IdentityFormer,
+        MLPMixer,
         PoolFormer,
         PoolFormerV2,
+        PRepBNPVT,
         PRepBNSwin,
+        PRepBNViT,
         RandFormer,
+        RePaViT,
         RepOptVGG,
     )
     from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
@@ -322,7 +326,19 @@ def _build(path: str):
 
     meta = dict(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16))
     vgg = dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8)
+    vit = dict(embed_dims=8, num_layers=2, num_heads=2)
+    pvt = dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))
+    mixer = dict(embed_dims=8, num_layers=2, tokens_mlp_dims=8, channels_mlp_dims=16, patch_size=8)
     builders = {
+        'backbones.mlp_mixer.MLPMixer': lambda: MLPMixer(mixer, img_size=32, idle_ratio=0.5),
+        'backbones.prepbn_pvt.PRepBNPVT': lambda: PRepBNPVT(pvt, pretrain_img_size=64),
+        'backbones.prepbn_pvt.PVTBlock': lambda: PRepBNPVT(pvt).stages[0].blocks[0],
+        'backbones.prepbn_pvt.SpatialReductionAttention': lambda: (
+            PRepBNPVT(pvt).stages[0].blocks[0].attn
+        ),
+        'backbones.prepbn_vit.PRepBNViT': lambda: PRepBNViT(vit, img_size=32),
+        'backbones.repa_vit.RePaViT': lambda: RePaViT(vit, img_size=32, idle_ratio=0.5),
+        'backbones.repa_vit.RePaViTBlock': lambda: RePaViT(vit, img_size=32).stages[0],
         'backbones.depth_rep_vit.backbone.DepthRepViT': lambda: DepthRepViT(
             dict(embed_dims=8, num_layers=4, num_heads=2),
             num_branches=2,
@@ -367,6 +383,7 @@ def _build(path: str):
 ABSTRACT = {
     'mmrepa.fold.base.Reparameterizable',
     'mmrepa.backbones.base.DenseBackbone',
+    'mmrepa.backbones.plain_vit.PlainViT',
     'mmrepa.layers.patch_layers._NormFolding',
     'mmrepa.backbones.repopt_vgg.blocks._RepOptLayer',
     'mmrepa.backbones.metaformer._PoolFormerV2Body',
