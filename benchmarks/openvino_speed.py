@@ -95,6 +95,25 @@ def op_profile(path: str, x: np.ndarray, threads: int, runs: int = 5) -> dict:
 
 
 @torch.no_grad()
+def eager_profile(module, x: torch.Tensor, runs: int = 3) -> dict:
+    """PyTorch's self CPU time per aten op (ms per run, most first, the top 12), from its
+    profiler, after one warm-up run."""
+    module(x)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            module(x)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / runs / 1e3
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:12]
+    return dict(
+        total_ms=total,
+        by_op={
+            e.key: dict(ms=e.self_cpu_time_total / runs / 1e3, calls=e.count // runs) for e in top
+        },
+    )
+
+
+@torch.no_grad()
 def measure(backbones: dict, size: int, repeat: int, calib_images: int, tmp: str) -> dict:
     threads = torch.get_num_threads()
     g = torch.Generator().manual_seed(size)
@@ -160,6 +179,11 @@ def main(argv=None):
     parser.add_argument('--repeat', type=int, default=20)
     parser.add_argument('--calib-images', type=int, default=8)
     parser.add_argument(
+        '--eager-profile',
+        action='store_true',
+        help="only PyTorch eager's profile per aten op, unfolded and folded (to --out)",
+    )
+    parser.add_argument(
         '--out', default=osp.join(ROOT, 'benchmarks', 'results', 'openvino_repa_swin_t.json')
     )
     args = parser.parse_args(argv)
@@ -175,6 +199,15 @@ def main(argv=None):
         sizes={},
     )
     backbones = full_width_backbone()
+    if args.eager_profile:
+        for size in args.sizes:
+            x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(size))
+            results['sizes'][str(size)] = {
+                form: eager_profile(backbones[form], x) for form in FORMS
+            }
+        write_json(dict(results, machine=finish(machine)), args.out)
+        print(f'wrote {args.out}')
+        return
     with tempfile.TemporaryDirectory(prefix='mmrepa.openvino_speed.') as tmp:
         for size in args.sizes:
             results['sizes'][str(size)] = measure(
