@@ -119,8 +119,8 @@ def machine_info() -> dict:
     kernels torch dispatches to: DEFAULT, AVX2, AVX512, ...), ``logical_cores`` (os.cpu_count),
     ``usable_cores`` (this process's affinity), ``threads`` (torch.get_num_threads),
     ``omp_num_threads`` (the environment's OMP_NUM_THREADS, None if unset), ``load_average_start``
-    / ``load_average_end``, ``python`` / ``torch`` / ``onnxruntime`` / ``openvino`` / ``nncf`` (None if not installed)
-    versions, ``platform`` and ``git_commit``.
+    / ``load_average_end``, ``python`` / ``torch`` / ``onnxruntime`` / ``openvino`` / ``nncf``
+    versions (None if not installed), ``platform`` and ``git_commit``.
     """
     cpuinfo = read_cpuinfo()
     try:
