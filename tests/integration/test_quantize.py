@@ -251,8 +251,9 @@ needs_openvino = pytest.mark.skipif(
 @needs_openvino
 def test_openvino_nncf_int8_with_accuracy_control(trained, tmp_path):
     """The demo RetinaNet's folded backbone through NNCF in OpenVINO: an IR with INT8
-    FakeQuantize nodes, close to float32, the test metric with both, timed; accuracy control
-    on (a loose limit, met at once: the path, not NNCF's search)."""
+    FakeQuantize nodes, close to float32, the test metric with both; accuracy control on (a
+    loose limit, met at once: the path, not NNCF's search). The timing is the onnxruntime
+    path's (OpenVINOSession has its interface)."""
     _, options, ckpt = trained
     out = tmp_path / 'bb_int8.xml'
     result, log = run_script_here(
@@ -268,10 +269,8 @@ def test_openvino_nncf_int8_with_accuracy_control(trained, tmp_path):
         '--calib-images',
         '2',
         '--sqnr-images',
-        '2',
+        '1',
         '--repeat',
-        '2',
-        '--warmup',
         '0',
         '--out',
         out,
@@ -285,8 +284,7 @@ def test_openvino_nncf_int8_with_accuracy_control(trained, tmp_path):
     # itself against the PyTorch backbone)
     assert len(result['sqnr_db_per_output']) == 3 and result['sqnr_db'] > 15, result
     assert set(result['metric']) == {'float32', 'int8'} and result['metric_key'] == 'coco/bbox_mAP'
-    assert set(result['latency_ms']) == {'float32', 'int8'}
-    assert 'openvino latency' in log and 'SQNR of INT8 against float32' in log
+    assert 'SQNR of INT8 against float32' in log
     import openvino as ov
 
     compiled = ov.Core().compile_model(str(out), 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
