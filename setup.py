@@ -86,6 +86,7 @@ setup(
         'mmseg': ['mmsegmentation>=1.0,<2.0'],
         'mmpretrain': ['mmpretrain>=1.0,<2.0'],
         'onnx': ['onnx>=1.16', 'onnxruntime>=1.18'],
+        'openvino': ['openvino>=2026.4', 'nncf>=3.4'],
     },
     license='Apache-2.0',
     zip_safe=False,

@@ -13,10 +13,12 @@ image through the config's test pipeline:
 - INT8 with ``tools/quantize.py`` (onnxruntime, QDQ, per-channel weights, calibrated on 64
   training images): SQNR of the INT8 outputs against float32 and the test metric with the
   backbone in float32 and in INT8 (the rest of the model in PyTorch);
+- the same with ``tools/quantize.py --backend openvino`` (OpenVINO, NNCF post-training INT8);
 - then, in one process and one interleaved timing (A B C ... A B C ..., so machine drift hits
   every variant alike): eager and compiled (``torch.compile``, inductor; compile time kept
-  apart) PyTorch float32 of the unfolded and folded backbone, and onnxruntime float32 and
-  INT8 of every form.
+  apart) PyTorch float32 of the unfolded and folded backbone, and onnxruntime and OpenVINO
+  float32 and INT8 of every form. Per model: ``fold_speedup`` (unfolded / folded time in each
+  runtime) and ``end_to_end`` (unfolded eager float32 / folded OpenVINO INT8).
 
 Last (``full-width``), the demo RetinaNet built at RePa-Swin-T's widths (96-768 channels) with
 random weights and BatchNorm statistics, at 224²: the same without the metric, which shows what
@@ -44,6 +46,7 @@ import torch
 
 from mmrepa import reparameterize
 from mmrepa.integrations.onnx import export_onnx, onnxruntime_session
+from mmrepa.integrations.openvino import OpenVINOSession
 from mmrepa.integrations.quantize import fold_identity_apart, pipeline_inputs
 from mmrepa.utils.files import write_json
 from mmrepa.utils.latency import cpu_name, time_interleaved
@@ -64,21 +67,27 @@ FULL_WIDTH = {
 FULL_WIDTH_CONFIG = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
 
 
-def quantized(config: str, ckpt: str, form: str, tmp: str, options: List[str]) -> dict:
-    """tools/quantize.py on one form, untimed: its results; the INT8 file in ``tmp``."""
-    print(f'  INT8 {form}: calibration, SQNR, metric', flush=True)
+def quantized(
+    config: str, ckpt: str, form: str, tmp: str, options: List[str], backend: str = 'onnxruntime'
+) -> dict:
+    """tools/quantize.py on one form in ``backend``, untimed: its results; the INT8 file in
+    ``tmp`` (``{form}_int8.onnx``, or ``.xml`` for OpenVINO)."""
+    print(f'  INT8 {form} ({backend}): calibration, SQNR, metric', flush=True)
     dump = osp.join(tmp, 'result.json')
+    ext = '.xml' if backend == 'openvino' else '.onnx'
     return run_tool(
         'quantize.py',
         [
             config,
             ckpt,
+            '--backend',
+            backend,
             '--form',
             form,
             '--repeat',
             '0',
             '--out',
-            osp.join(tmp, f'{form}_int8.onnx'),
+            osp.join(tmp, f'{form}_int8{ext}'),
             '--force',
             '--dump',
             dump,
@@ -118,8 +127,10 @@ def timed_variants(backbone: dict, x: torch.Tensor, tmp: str):
         for key, p in (
             ('onnx_float32_ms', path),
             ('onnx_int8_ms', osp.join(tmp, f'{form}_int8.onnx')),
+            ('openvino_float32_ms', path),
+            ('openvino_int8_ms', osp.join(tmp, f'{form}_int8.xml')),
         ):
-            session = onnxruntime_session(p, threads)
+            session = (OpenVINOSession if 'openvino' in key else onnxruntime_session)(p, threads)
             variants[(form, key)] = functools.partial(session.run, None, {'input': x.numpy()})
     return variants, compile_seconds
 
@@ -141,13 +152,16 @@ def measure(
     out = dict(config=osp.relpath(config, ROOT), forms={})
     for form in FORMS:
         r = quantized(config, ckpt, form, tmp, options)
-        row = out['forms'][form] = dict(sqnr_db=r['sqnr_db'])
+        v = quantized(config, ckpt, form, tmp, options, 'openvino')
+        row = out['forms'][form] = dict(sqnr_db=r['sqnr_db'], openvino_sqnr_db=v['sqnr_db'])
         if metric:
             key = out['metric_key'] = r['metric_key']
             row.update(
                 metric_float32=r['metric']['float32'][key],
                 metric_int8=r['metric']['int8'][key],
                 metric_drop=r['metric_drop'],
+                openvino_metric_float32=v['metric']['float32'][key],
+                openvino_metric_int8=v['metric']['int8'][key],
             )
         out['input_shape'] = r['input_shape']
     backbone, x = backbones(config, ckpt, cfg_options)
@@ -159,6 +173,12 @@ def measure(
         out['forms'][form][key] = stats.median
     for row in out['forms'].values():
         row['int8_speedup'] = row['onnx_float32_ms'] / row['onnx_int8_ms']
+        row['openvino_int8_speedup'] = row['openvino_float32_ms'] / row['openvino_int8_ms']
+    u, f = out['forms']['unfolded'], out['forms']['folded']
+    # what folding gains in each runtime (unfolded / folded time), and from the model as
+    # trained (unfolded, eager float32) to the folded model in OpenVINO INT8
+    out['fold_speedup'] = {k[: -len('_ms')]: u[k] / f[k] for k in f if k.endswith('_ms') and k in u}
+    out['end_to_end'] = u['eager_ms'] / f['openvino_int8_ms']
     return out
 
 
@@ -188,8 +208,9 @@ def fmt(value, spec='.2f'):
 def table(results: dict) -> str:
     lines = [
         '| family (demo model, input) | form | eager fp32 ms | compiled fp32 ms | '
-        'ORT fp32 ms | ORT INT8 ms | INT8 speed-up | INT8 SQNR dB | metric fp32 → INT8 |',
-        '|---|---|---|---|---|---|---|---|---|',
+        'ORT fp32 ms | ORT INT8 ms | INT8 speed-up | INT8 SQNR dB | metric fp32 → INT8 | '
+        'OV fp32 ms | OV INT8 ms | OV INT8 speed-up | OV INT8 SQNR dB | OV metric fp32 → INT8 |',
+        '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     rows = [(f'{r["backbone"]} ({r["what"]}', r) for r in results['models'].values()]
     if 'full_width' in results:
@@ -200,11 +221,19 @@ def table(results: dict) -> str:
             metric = (
                 f'{o["metric_float32"]:.3f} → {o["metric_int8"]:.3f}' if 'metric_int8' in o else '–'
             )
+            ov_metric = (
+                f'{o["openvino_metric_float32"]:.3f} → {o["openvino_metric_int8"]:.3f}'
+                if 'openvino_metric_int8' in o
+                else '–'
+            )
             lines.append(
                 f'| {label + f", {h}×{w})" if form == FORMS[0] else ""} | {form} | '
                 f'{fmt(o.get("eager_ms"))} | {fmt(o.get("compiled_ms"))} | '
                 f'{o["onnx_float32_ms"]:.2f} | {o["onnx_int8_ms"]:.2f} | '
-                f'{o["int8_speedup"]:.2f}× | {o["sqnr_db"]:.1f} | {metric} |'
+                f'{o["int8_speedup"]:.2f}× | {o["sqnr_db"]:.1f} | {metric} | '
+                f'{fmt(o.get("openvino_float32_ms"))} | {fmt(o.get("openvino_int8_ms"))} | '
+                f'{fmt(o.get("openvino_int8_speedup"))}× | '
+                f'{fmt(o.get("openvino_sqnr_db"), ".1f")} | {ov_metric} |'
             )
     return '\n'.join(lines)
 

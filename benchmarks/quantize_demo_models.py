@@ -1,4 +1,5 @@
-"""INT8 (onnxruntime, QDQ) of the trained demo models: SQNR, metric and latency, per fold form.
+"""INT8 (onnxruntime QDQ; OpenVINO with NNCF) of the trained demo models: SQNR, metric and
+latency, per fold form.
 
     OMP_NUM_THREADS=1 python benchmarks/quantize_demo_models.py \
         [--out benchmarks/results/quantize_demo_models.json] [--only NAME [NAME ...]]
@@ -7,7 +8,8 @@ Runs ``tools/quantize.py`` (one process per measurement, one thread) on the trai
 models (benchmarks/demo_models.py), each as trained (``unfolded``), folded (``folded``:
 mmrepa.reparameterize) and folded with the identity shortcuts kept out of the weights
 (``identity-apart``, the INT8-aware fold), plus a few settings the issue asks about (calibration
-method, reduce_range, per-tensor weights, float Softmax, a larger input).
+method, reduce_range, per-tensor weights, float Softmax, a larger input), and the main ones again
+in OpenVINO with NNCF (settings ``openvino``: RepOpt-VGG against RepVGG at INT8 there too).
 
 Last, onnxruntime's profiler splits the folded RePa-Swin backbone's float32 and INT8 run times by
 kind of op, which bounds the speed-up INT8 kernels can give (Amdahl). Missing checkpoints are
@@ -80,6 +82,21 @@ RUNS = [
     ('repvgg', 'backbone', 'unfolded', 'default', []),
     ('repvgg', 'backbone', 'folded', 'per-tensor', ['--per-tensor']),
     ('repvgg', 'backbone', 'identity-apart', 'per-tensor', ['--per-tensor']),
+    # OpenVINO with NNCF (tools/quantize.py --backend openvino): the same comparisons
+    *(
+        (model, part, form, 'openvino', ['--backend', 'openvino'])
+        for model, part, form in (
+            ('retinanet', 'full', 'folded'),
+            ('retinanet', 'backbone', 'folded'),
+            ('retinanet', 'backbone', 'unfolded'),
+            ('mask-rcnn', 'backbone', 'folded'),
+            ('repopt', 'backbone', 'folded'),
+            ('repopt', 'backbone', 'unfolded'),
+            ('repvgg', 'backbone', 'folded'),
+            ('repvgg', 'backbone', 'identity-apart'),
+            ('repvgg', 'backbone', 'unfolded'),
+        )
+    ),
 ]
 KINDS = {
     'MatMul / Gemm / Conv': {
@@ -113,7 +130,8 @@ KINDS = {
 
 def run(model, part, form, extra, tmp):
     config, ckpt = MODELS[model].paths()
-    out, dump = osp.join(tmp, 'model_int8.onnx'), osp.join(tmp, 'result.json')
+    ext = '.xml' if '--backend' in extra and 'openvino' in extra else '.onnx'
+    out, dump = osp.join(tmp, f'model_int8{ext}'), osp.join(tmp, 'result.json')
     args = [
         config,
         ckpt,

@@ -475,3 +475,14 @@ def reference_block(blk, x, valid=None, hw=None):
     else:
         x = x + reference_windows(blk.attn, u, lam, hw, blk.window_size)
     return x + reference_ffn(blk.mlp, blk.norm2(x), lam)
+
+
+def parse_options(options):
+    """``--cfg-options`` as mmengine's DictAction reads them."""
+    import argparse
+
+    from mmengine.config import DictAction
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args(['--cfg-options', *options]).cfg_options

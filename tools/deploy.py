@@ -1,19 +1,23 @@
-"""Export a whole folded model with mmdeploy to ONNX Runtime, and check it against PyTorch.
+"""Export a whole folded model with mmdeploy to ONNX Runtime or OpenVINO, and check it against
+PyTorch.
 
     python tools/deploy.py CONFIG CHECKPOINT DEPLOY_CFG --out DIR [--image IMG] [--force]
 
 The model is folded first (:func:`mmrepa.fold_model`); DIR/folded.pth holds the folded weights
 and DIR/model_cfg.py the config that builds them (``model.backbone.deploy=True``). mmdeploy's
 ``torch2onnx`` exports that to DIR/end2end.onnx with the rewrites of
-:mod:`mmrepa.integrations.mmdeploy`. Then ONNX Runtime (through mmdeploy's backend model,
-post-processing included) and the folded PyTorch model run on IMG (default: the first image
-of the config's test set) and the largest differences are reported (DIR/report.json): boxes
+:mod:`mmrepa.integrations.mmdeploy`; for OpenVINO, mmdeploy's backend manager (mmrepa's current
+one, :mod:`mmrepa.integrations.mmdeploy.openvino`) converts it to DIR/end2end.xml and .bin. Then
+the backend (through mmdeploy's backend model, post-processing included) and the folded PyTorch
+model run on IMG (default: the first image of the config's test set) and the largest
+differences are reported (DIR/report.json, ``<backend>_vs_pytorch``): boxes
 (px) and scores, labels and mask IoU for mmdet models, differing pixels of the class map for
 mmseg ones. The tool fails if they exceed the tolerances.
 
-DEPLOY_CFG: ``configs/deploy/detection_onnxruntime_static.py`` (RetinaNet, Faster R-CNN, ...),
-``instance-seg_onnxruntime_static.py`` (Mask R-CNN, ...), ``segmentation_onnxruntime_static.py``
-(UperNet, ...). A model the deploy config cannot export is refused with the reason before
+DEPLOY_CFG: ``configs/deploy/detection_<backend>_static.py`` (RetinaNet, Faster R-CNN, ...),
+``instance-seg_<backend>_static.py`` (Mask R-CNN, ...), ``segmentation_<backend>_static.py``
+(UperNet, ...), ``<backend>``: ``onnxruntime`` or ``openvino``. A backend that is not installed
+is named in one line; a model the deploy config cannot export is refused with the reason before
 anything is written. DIR appears complete or not at all: everything is written to a temporary
 directory beside it and moved in place at the end (an existing DIR needs --force). DIR may not
 be an input (CONFIG, CHECKPOINT, DEPLOY_CFG, IMG, the test data) or hold one, even with
@@ -42,11 +46,14 @@ from mmrepa.utils.files import atomic_folder, write_json
 TOOL = 'tools/deploy.py'
 # the (codebase, task) pairs this tool compares, and the deploy config for each kind of model
 TASKS = {('mmdet', 'ObjectDetection'), ('mmseg', 'Segmentation')}
-DEPLOY_CONFIGS = {
-    'detection': 'configs/deploy/detection_onnxruntime_static.py',
-    'instance-seg': 'configs/deploy/instance-seg_onnxruntime_static.py',
-    'segmentation': 'configs/deploy/segmentation_onnxruntime_static.py',
-}
+# the backends this tool runs: name -> (what the user reads, the module it needs)
+BACKENDS = {'onnxruntime': ('ONNX Runtime', 'onnxruntime'), 'openvino': ('OpenVINO', 'openvino')}
+
+
+def deploy_config_for(kind: str, backend: str) -> str:
+    """The deploy config of ``configs/deploy/`` for a kind of model ('detection',
+    'instance-seg', 'segmentation') and a backend."""
+    return f'configs/deploy/{kind}_{backend}_static.py'
 
 
 class CannotExport(Exception):
@@ -100,9 +107,9 @@ def check_exportable(cfg: Config, deploy_cfg: Config) -> None:
     name = model.get('type', '?')
     scope = model.get('_scope_') or cfg.get('default_scope') or '?'
     backend = get_backend(deploy_cfg).value
-    if backend != 'onnxruntime':
+    if backend not in BACKENDS:
         raise CannotExport(
-            f'its backend is {backend}; this tool exports for ONNX Runtime and '
+            f'its backend is {backend}; this tool exports for {" and ".join(BACKENDS)} and '
             "runs it (mmdeploy's tools/deploy.py converts to other backends)"
         )
     codebase = get_codebase_config(deploy_cfg)
@@ -115,7 +122,7 @@ def check_exportable(cfg: Config, deploy_cfg: Config) -> None:
     kind = _kind(cfg)
     if scope != task[0]:
         hint = (
-            f'; use {DEPLOY_CONFIGS[kind]}'
+            f'; use {deploy_config_for(kind, backend)}'
             if scope in ('mmdet', 'mmseg')
             else ' (this tool exports mmdet detectors and mmseg segmentors)'
         )
@@ -127,7 +134,7 @@ def check_exportable(cfg: Config, deploy_cfg: Config) -> None:
     if task[0] == 'mmdet' and (kind == 'instance-seg') != ('masks' in outputs):
         raise CannotExport(
             f'the {name} {"predicts" if kind == "instance-seg" else "has no"} masks, but the '
-            f"deploy config's outputs are {outputs}; use {DEPLOY_CONFIGS[kind]}"
+            f"deploy config's outputs are {outputs}; use {deploy_config_for(kind, backend)}"
         )
     if is_dynamic_shape(deploy_cfg):
         raise CannotExport(
@@ -223,8 +230,8 @@ def _match(a, b) -> list:
     return pairs
 
 
-def compare(ref, out) -> dict:
-    """The largest differences between a PyTorch and an ONNX Runtime prediction (one image):
+def compare(ref, out, backend: str = 'onnxruntime') -> dict:
+    """The largest differences between a PyTorch and a ``backend`` prediction (one image):
     differing pixels of the class maps; or, instance by instance (see :func:`_match`), boxes
     (px), scores and mask IoU, and whether every instance has its counterpart of the same
     label."""
@@ -232,13 +239,13 @@ def compare(ref, out) -> dict:
         a = ref.pred_sem_seg.data
         b = out.pred_sem_seg.data.to(a)
         if a.shape != b.shape:
-            return dict(shape_pytorch=list(a.shape), shape_onnxruntime=list(b.shape))
+            return dict(shape_pytorch=list(a.shape), **{f'shape_{backend}': list(b.shape)})
         differing = int((a != b).sum())
         return dict(
             pixels=a.numel(), differing_pixels=differing, differing_fraction=differing / a.numel()
         )
     a, b = ref.pred_instances, out.pred_instances
-    result = dict(num_pytorch=len(a), num_onnxruntime=len(b))
+    result = dict(num_pytorch=len(a), **{f'num_{backend}': len(b)})
     if len(a) != len(b) or not len(a):
         return result
     pairs = _match(a, b)
@@ -258,7 +265,7 @@ def compare(ref, out) -> dict:
     return result
 
 
-def disagreement(result: dict, args) -> str:
+def disagreement(result: dict, args, backend: str = 'onnxruntime') -> str:
     """'' if ``result`` is within the tolerances, else what is not."""
     if 'shape_pytorch' in result:
         return f'class maps of different shapes {result}'
@@ -269,10 +276,10 @@ def disagreement(result: dict, args) -> str:
                 f'differ (> {args.max_pixel_diff:g})'
             )
         return ''
-    if result['num_pytorch'] != result['num_onnxruntime']:
+    if result['num_pytorch'] != result[f'num_{backend}']:
         return (
-            f'PyTorch predicts {result["num_pytorch"]} instances, ONNX Runtime '
-            f'{result["num_onnxruntime"]}'
+            f'PyTorch predicts {result["num_pytorch"]} instances, {BACKENDS[backend][0]} '
+            f'{result[f"num_{backend}"]}'
         )
     problems = []
     if result.get('max_box_diff', 0) > args.atol:
@@ -286,10 +293,33 @@ def disagreement(result: dict, args) -> str:
     return '; '.join(problems)
 
 
+def run_backend(
+    model, folded_cfg: Config, deploy_cfg: Config, onnx_file: str, image: str, work_dir: str
+):
+    """Convert the exported ``onnx_file`` to the deploy config's backend (in ``work_dir``; ONNX
+    Runtime runs the file itself), run it through mmdeploy's backend model and the folded
+    PyTorch ``model`` on ``image``, and compare them (:func:`compare`). Returns (the comparison,
+    the backend's files, the network input's (H, W))."""
+    from mmdeploy.apis.utils import build_task_processor
+    from mmdeploy.backend.base import get_backend_manager
+    from mmdeploy.utils import get_backend, get_input_shape
+
+    backend = get_backend(deploy_cfg).value
+    files = [onnx_file]
+    if backend != 'onnxruntime':  # mmdeploy's step from the ONNX graph to the backend's files
+        files = get_backend_manager(backend).to_backend(files, work_dir, deploy_cfg)
+    processor = build_task_processor(folded_cfg, deploy_cfg, 'cpu')
+    backend_model = processor.build_backend_model(files, processor.update_data_preprocessor)
+    inputs, _ = processor.create_input(image, get_input_shape(deploy_cfg))
+    with torch.no_grad():
+        ref = model.test_step(copy.deepcopy(inputs))[0]
+        out = backend_model.test_step(copy.deepcopy(inputs))[0]
+    return compare(ref, out, backend), files, list(inputs['inputs'][0].shape[-2:])
+
+
 def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_dir: str) -> dict:
     from mmdeploy.apis import torch2onnx
-    from mmdeploy.apis.utils import build_task_processor
-    from mmdeploy.utils import get_input_shape
+    from mmdeploy.utils import get_backend
 
     model, folded_cfg, weights, fold = fold_and_save(cfg, args.checkpoint, work_dir)
     onnx_file = osp.join(work_dir, 'end2end.onnx')
@@ -301,23 +331,22 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
         ) from None
     if not osp.isfile(onnx_file):
         raise CannotExport(f'mmdeploy wrote no {osp.basename(onnx_file)}')
-    processor = build_task_processor(folded_cfg, deploy_cfg, 'cpu')
-    backend = processor.build_backend_model([onnx_file], processor.update_data_preprocessor)
-    inputs, _ = processor.create_input(image, get_input_shape(deploy_cfg))
-    with torch.no_grad():
-        ref = model.test_step(copy.deepcopy(inputs))[0]
-        out = backend.test_step(copy.deepcopy(inputs))[0]
-    result = compare(ref, out)
+    backend = get_backend(deploy_cfg).value
+    result, files, input_shape = run_backend(
+        model, folded_cfg, deploy_cfg, onnx_file, image, work_dir
+    )
     report = dict(
         config=osp.abspath(args.config),
         checkpoint=osp.abspath(args.checkpoint),
         deploy_cfg=osp.abspath(args.deploy_cfg),
         image=osp.abspath(image),
-        input_shape=list(inputs['inputs'][0].shape[-2:]),
+        backend=backend,
+        backend_files=[osp.basename(f) for f in files],
+        input_shape=input_shape,
         folded=fold.folded,
         params_before=fold.params_before,
         params_after=fold.params_after,
-        onnxruntime_vs_pytorch=result,
+        **{f'{backend}_vs_pytorch': result},
     )
     deploy_cfg.dump(osp.join(work_dir, 'deploy_cfg.py'))
     write_json(report, osp.join(work_dir, 'report.json'))
@@ -343,19 +372,22 @@ def main(argv=None) -> dict:
         ],
         args.force,
     )
-    require('mmdeploy', 'aenum', 'onnx', 'onnxruntime', tool=TOOL)
+    require('mmdeploy', 'aenum', 'onnx', tool=TOOL)
     import mmrepa.integrations.mmdeploy  # noqa: F401  (mmrepa's rewrites for mmdeploy)
 
+    deploy_cfg = Config.fromfile(args.deploy_cfg)
+    backend = (deploy_cfg.get('backend_config') or {}).get('type')
+    if backend in BACKENDS:  # the one line naming what to install, before anything is read
+        require(BACKENDS[backend][1], tool=TOOL)
     cfg = load_config(args.config, args.cfg_options)
     check_outputs(TOOL, outputs, config_inputs(cfg, () if args.image else ('test',)), args.force)
-    deploy_cfg = Config.fromfile(args.deploy_cfg)
     try:  # DIR whole or not at all: a temporary folder beside it, moved in place at the end
         with atomic_folder(args.out, replace=True) as tmp:
             with _quiet(args.verbose):
                 check_exportable(cfg, deploy_cfg)
                 image = args.image or _first_test_image(cfg)
                 report = export_and_compare(args, cfg, deploy_cfg, image, tmp)
-            problem = disagreement(report['onnxruntime_vs_pytorch'], args)
+            problem = disagreement(report[f'{backend}_vs_pytorch'], args, backend)
             if problem:
                 raise SystemExit(
                     f'{TOOL}: the exported model disagrees with PyTorch on '
@@ -366,14 +398,15 @@ def main(argv=None) -> dict:
             f'{TOOL}: cannot export {args.config} with {args.deploy_cfg}: '
             f'{err}; nothing written to {args.out}'
         ) from None
-    result = report['onnxruntime_vs_pytorch']
+    result = report[f'{backend}_vs_pytorch']
     print(
         f'exported the folded {cfg.model.type} ({report["params_after"] / 1e6:.2f} M '
-        f'parameters) to {osp.join(args.out, "end2end.onnx")}, traced at '
+        f'parameters) to {", ".join(osp.join(args.out, f) for f in report["backend_files"])}, '
+        f'traced at '
         f'{report["input_shape"][0]} x {report["input_shape"][1]}'
     )
     print(
-        'onnxruntime vs PyTorch on '
+        f'{backend} vs PyTorch on '
         + osp.basename(report['image'])
         + ': '
         + ', '.join(

@@ -77,6 +77,8 @@ if [ "$WITH_TESTS" = "--tests" ]; then
     log "installing mmdeploy==$MMDEPLOY_VERSION without its dependencies (its protobuf<=3.20.2 pin does not fit onnx)"
     pip_install --quiet --no-deps "mmdeploy==$MMDEPLOY_VERSION"
   fi
+  # OpenVINO and NNCF (tools/deploy.py's OpenVINO configs, tools/quantize.py --backend openvino)
+  satisfied "$ROOT/requirements/openvino.txt" || pip_install --quiet -r "$ROOT/requirements/openvino.txt"
 fi
 
 # 3. mmcv with compiled ops.

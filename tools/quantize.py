@@ -1,6 +1,8 @@
-"""Post-training static INT8 quantization (onnxruntime, QDQ) of a folded backbone or detector.
+"""Post-training static INT8 quantization (onnxruntime QDQ, or OpenVINO with NNCF) of a folded
+backbone or detector.
 
-    python tools/quantize.py CONFIG CHECKPOINT [--full] [--form FORM] [--shape H W]
+    python tools/quantize.py CONFIG CHECKPOINT [--backend onnxruntime|openvino] [--max-drop D]
+        [--full] [--form FORM] [--shape H W]
         [--calib-images N] [--calib-split train|test] [--method minmax|entropy|percentile]
         [--activation-type uint8|int8] [--per-tensor] [--reduce-range auto|on|off]
         [--symmetric-activations] [--exclude-ops OP [OP ...]] [--no-metric] [--report]
@@ -14,12 +16,17 @@ weights with one scale per output channel, activations calibrated (--method) on
 model's data preprocessor. ``--form``: ``identity-apart`` (default) folds as
 ``mmrepa.reparameterize`` but keeps identity shortcuts out of the weights (RepVGG layers,
 channel-idle FFNs), which INT8 needs; ``folded`` is the plain fold; ``unfolded`` the model as
-trained. Reported:
+trained. ``--backend openvino``: the same float32 ONNX graph is read by OpenVINO and quantized
+by NNCF's post-training quantization (INT8 weights per output channel, activations calibrated on
+the same images; the onnxruntime options --method ... --exclude-ops do not apply), written as
+OpenVINO IR (``.xml`` and the ``.bin`` beside it); with ``--max-drop D`` NNCF's accuracy control
+keeps the config's test metric (mAP, top-1, ...) within D (absolute, in the metric's units) of
+float32's, returning the layers that cost most to float. Reported:
 
 - SQNR (dB) of the INT8 outputs against the float32 graph's, on test images;
 - the metric (mAP, top-1, ...) on the test set with the float32 and with the INT8 graph in
-  onnxruntime (the rest of the model, necks, heads and post-processing, in PyTorch);
-- float32 and INT8 latency in onnxruntime, timed interleaved (as many threads as torch);
+  the backend (the rest of the model, necks, heads and post-processing, in PyTorch);
+- float32 and INT8 latency in the backend, timed interleaved (as many threads as torch);
 - with ``--report``: every form's SQNR, and per module its weight ranges (ONNX initializers)
   and activation ranges (calibration) unfolded, folded and identity-apart, so the fold that
   widened a range shows.
@@ -56,6 +63,13 @@ from mmrepa.integrations.onnx import (
     onnx_max_abs_error,
     onnxruntime_session,
 )
+from mmrepa.integrations.openvino import (
+    OpenVINOSession,
+    op_counts,
+    quantize_nncf,
+    read_model,
+    save_ir,
+)
 from mmrepa.integrations.optional import require
 from mmrepa.integrations.quantize import (
     CALIBRATION_METHODS,
@@ -76,6 +90,18 @@ from mmrepa.utils.machine import finish, machine_info
 
 TOOL = 'tools/quantize.py'
 FORMS = ('unfolded', 'folded', 'identity-apart')
+# what each backend needs installed, and the INT8 file it writes
+BACKENDS = {
+    'onnxruntime': (('onnx', 'onnxruntime'), '.onnx'),
+    'openvino': (('onnx', 'openvino', 'nncf'), '.xml'),
+}
+
+
+def open_session(path: str, backend: str, threads: int = 0):
+    """A session of the ONNX or IR file in ``backend``, with onnxruntime's interface."""
+    if backend == 'openvino':
+        return OpenVINOSession(path, threads)
+    return onnxruntime_session(path, threads)
 
 
 def run_session(session, x: torch.Tensor, what: str):
@@ -104,6 +130,18 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument('config')
     parser.add_argument('checkpoint')
+    parser.add_argument(
+        '--backend',
+        choices=tuple(BACKENDS),
+        default='onnxruntime',
+        help='onnxruntime (QDQ) or openvino (NNCF, OpenVINO IR)',
+    )
+    parser.add_argument(
+        '--max-drop',
+        type=float,
+        metavar='D',
+        help="openvino: NNCF's accuracy control, at most D (absolute) lost on the test metric",
+    )
     parser.add_argument(
         '--full',
         action='store_true',
@@ -172,7 +210,11 @@ def parse_args(argv=None):
         action='store_true',
         help="every form's SQNR; weight and activation ranges per module",
     )
-    parser.add_argument('--out', help='INT8 ONNX file (default: <config>_<part>_<form>_int8.onnx)')
+    parser.add_argument(
+        '--out',
+        help='INT8 ONNX file, or IR .xml for openvino (default: <config>_<part>_<form>_int8.onnx '
+        'or .xml)',
+    )
     parser.add_argument('--force', action='store_true', help='replace --out if it exists')
     parser.add_argument('--dump', metavar='FILE.json', help='write all results as JSON')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
@@ -190,9 +232,11 @@ def build_form(model, form: str):
     return fold_identity_apart(model) if form == 'identity-apart' else model
 
 
-def export(model, full: bool, x: torch.Tensor, path: str, what: str) -> float:
-    """Export the backbone (``full``: the tensor forward) to ``path`` and check it against
-    PyTorch on ``x``; returns the largest absolute difference."""
+def export(
+    model, full: bool, x: torch.Tensor, path: str, what: str, backend: str = 'onnxruntime'
+) -> float:
+    """Export the backbone (``full``: the tensor forward) to ``path`` and check it in
+    ``backend`` against PyTorch on ``x``; returns the largest absolute difference."""
     # eval(): a wrapper in training mode would put the model in training mode for the export
     # (export_onnx gives the wrapper's mode to the model), and BatchNorm would update
     module = TensorForward(model).eval() if full else model.backbone
@@ -210,7 +254,7 @@ def export(model, full: bool, x: torch.Tensor, path: str, what: str) -> float:
         )
     with torch.no_grad():
         scale = max(float(t.abs().max()) for t in flatten_outputs(module(x)))
-    err = onnx_max_abs_error(module, x, onnxruntime_session(path))
+    err = onnx_max_abs_error(module, x, open_session(path, backend))
     if not err <= 1e-3 * max(1.0, scale):
         raise RuntimeError(
             f'the float32 ONNX graph of the {what} model differs from PyTorch by '
@@ -234,22 +278,30 @@ def all_outputs(session, inputs):
     return [o for array, _ in inputs for o in session.run(None, {'input': array})]
 
 
-def evaluate(model, cfg, session, full: bool) -> dict:
-    """The config's test metric with ``session`` computing the backbone (``full``: the
-    detector's tensor forward), the rest of the model in PyTorch; batch 1."""
-    from mmengine.evaluator import Evaluator
+def metric_loader(cfg):
+    """The config's test loader, batch 1, in this process."""
     from mmengine.runner import Runner
 
     loader_cfg = copy.deepcopy(cfg.test_dataloader)
     loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
-    loader = Runner.build_dataloader(loader_cfg)
+    return Runner.build_dataloader(loader_cfg)
+
+
+def evaluate(model, cfg, session, full: bool, batches=None) -> dict:
+    """The config's test metric with ``session`` computing the backbone (``full``: the
+    detector's tensor forward), the rest of the model in PyTorch; batch 1; on ``batches`` (of
+    the test loader) if given, else on the whole test set."""
+    from mmengine.evaluator import Evaluator
+
+    loader = metric_loader(cfg)
+    batches = loader if batches is None else list(batches)
     evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
     evaluator.dataset_meta = loader.dataset.metainfo
     model = copy.copy(model)  # shallow: its own backbone slot, the same weights
     if not full:
         model._modules = dict(model._modules, backbone=SessionBackbone(session))
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # pycocotools' prints
-        for batch in loader:
+        for batch in batches:
             data = model.data_preprocessor(batch, False)
             if full:  # RetinaNet-style heads: (cls_scores, bbox_preds), one map per level
                 outs = run_session(session, data['inputs'], 'a test image')
@@ -264,7 +316,7 @@ def evaluate(model, cfg, session, full: bool) -> dict:
             else:
                 samples = model(**data, mode='predict')
             evaluator.process(data_samples=samples, data_batch=batch)
-        metrics = evaluator.evaluate(len(loader.dataset))
+        metrics = evaluator.evaluate(len(batches) if batches is not loader else len(loader.dataset))
     return {k: float(v) for k, v in metrics.items()}
 
 
@@ -289,17 +341,50 @@ def print_report(report, forms, limit: int = 12) -> None:
         print(f'  ... {len(report) - limit} more (all in --dump)')
 
 
+def accuracy_control(model, cfg, args, threads: int):
+    """NNCF's accuracy-control arguments (see :func:`mmrepa.integrations.openvino.quantize_nncf`):
+    the test loader's batches, their network inputs, and the test metric of a compiled model
+    computing the backbone (``--full``: the tensor forward)."""
+    key = []
+
+    def to_input(batch):
+        with torch.no_grad():
+            return model.data_preprocessor(batch, False)['inputs'].float().numpy()
+
+    def metric(compiled, batches):
+        metrics = evaluate(model, cfg, OpenVINOSession(compiled, threads), args.full, batches)
+        key[:] = key or [main_metric(metrics)]
+        return metrics[key[0]], None
+
+    return list(metric_loader(cfg)), to_input, metric, args.max_drop
+
+
 @one_line_errors(TOOL)
 def main(argv=None) -> dict:
     """Returns the results (as --dump writes them)."""
     args = parse_args(argv)
     part = 'full' if args.full else 'backbone'
     name = osp.splitext(osp.basename(args.config))[0]
-    out = args.out or f'{name}_{part}_{args.form}_int8.onnx'
-    outputs = [('--out', out), ('--dump', args.dump)]  # --force: --out; --dump is replaced
+    needs, ext = BACKENDS[args.backend]
+    out = args.out or f'{name}_{part}_{args.form}_int8{ext}'
+    openvino = args.backend == 'openvino'
+    if openvino and not out.endswith('.xml'):
+        raise ConfigError(
+            f'--out {out}: OpenVINO writes IR, name it .xml (the .bin goes beside it)'
+        )
+    if args.max_drop is not None and (not openvino or args.no_metric):
+        raise ConfigError(
+            "--max-drop is NNCF's accuracy control on the test metric: it needs --backend "
+            'openvino and the metric (drop --no-metric)'
+        )
+    # --force: --out (and its .bin); --dump is replaced
+    outputs = [('--out', out)]
+    if openvino:
+        outputs.append(('--out (its .bin)', osp.splitext(out)[0] + '.bin'))
+    outputs.append(('--dump', args.dump))
     check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
-    check_outputs(TOOL, outputs[:1], [], force=args.force)
-    require('onnx', 'onnxruntime', tool=TOOL)
+    check_outputs(TOOL, outputs[:-1], [], force=args.force)
+    require(*needs, tool=TOOL)
     cfg = load_config(args.config, args.cfg_options)
     splits = ('test',) if args.calib_split == 'test' else ('train', 'test')
     check_outputs(TOOL, outputs, config_inputs(cfg, splits))
@@ -339,9 +424,14 @@ def main(argv=None) -> dict:
         exclude_op_types=list(args.exclude_ops),
     )
     threads = torch.get_num_threads()
+    if openvino:  # the onnxruntime options do not apply; NNCF's own are these
+        options = dict(
+            tool='nncf', accuracy_control=args.max_drop is not None, max_drop=args.max_drop
+        )
     result = dict(
         config=args.config,
         checkpoint=args.checkpoint,
+        backend=args.backend,
         part=part,
         form=args.form,
         input_shape=list(shape),
@@ -359,9 +449,18 @@ def main(argv=None) -> dict:
         for form in (args.form,) + tuple(f for f in forms if f != args.form):
             targets[form] = build_form(model, form)
             float_path = osp.join(tmp, f'{form}.onnx')
-            int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8.onnx')
-            export_error = export(targets[form], args.full, x, float_path, form)
-            ranges = quantize_qdq(float_path, int8_path, calib, **options)
+            int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8{ext}')
+            export_error = export(targets[form], args.full, x, float_path, form, args.backend)
+            if openvino:
+                ranges = None  # NNCF keeps its ranges in the FakeQuantize nodes
+                validation = None
+                if args.max_drop is not None and form == args.form:
+                    validation = accuracy_control(targets[form], cfg, args, threads)
+                save_ir(
+                    quantize_nncf(read_model(float_path), calib, validation=validation), int8_path
+                )
+            else:
+                ranges = quantize_qdq(float_path, int8_path, calib, **options)
             paths[form] = (float_path, int8_path)
             result.setdefault('export_max_abs_error', {})[form] = export_error
             if args.report:
@@ -372,9 +471,13 @@ def main(argv=None) -> dict:
                     f'{len(calib)} {args.calib_split} images, input {shape}) to {out}',
                     flush=True,
                 )
-        result['qdq'] = qdq_summary(out)
+        if openvino:
+            ops = op_counts(out)
+            result['int8_ops'] = dict(fake_quantize=ops.get('FakeQuantize', 0))
+        else:
+            result['qdq'] = qdq_summary(out)
         sessions = {
-            k: onnxruntime_session(p, threads)
+            k: open_session(p, args.backend, threads)
             for k, p in zip(('float32', 'int8'), paths[args.form])
         }
         ref, q = (all_outputs(sessions[k], tests) for k in ('float32', 'int8'))
@@ -409,7 +512,7 @@ def main(argv=None) -> dict:
             }
             result['speedup'] = stats['float32'].median / stats['int8'].median
             print(
-                f'onnxruntime latency ({threads} thread(s), median of {args.repeat}): '
+                f'{args.backend} latency ({threads} thread(s), median of {args.repeat}): '
                 f'float32 {stats["float32"].median:.2f} ms, INT8 '
                 f'{stats["int8"].median:.2f} ms, speed-up {result["speedup"]:.2f}x',
                 flush=True,
@@ -418,8 +521,8 @@ def main(argv=None) -> dict:
         if args.report:
             result['forms'] = {}
             for form, (float_path, int8_path) in paths.items():
-                f_out = all_outputs(onnxruntime_session(float_path, threads), tests)
-                q_out = all_outputs(onnxruntime_session(int8_path, threads), tests)
+                f_out = all_outputs(open_session(float_path, args.backend, threads), tests)
+                q_out = all_outputs(open_session(int8_path, args.backend, threads), tests)
                 result['forms'][form] = dict(sqnr_db=sqnr_db(f_out, q_out))
             result['layers'] = layers
             result['fold_ranges'] = fold_range_report(layers, folded_modules)

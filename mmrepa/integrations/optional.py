@@ -1,7 +1,8 @@
 """Optional dependencies of the tools: one rule, one message.
 
-mmrepa itself needs torch, mmengine and mmcv. ONNX export and INT8 (onnx, onnxruntime), whole-model
-deployment (mmdeploy) and plots (matplotlib) are optional. The rule: a module that uses one
+mmrepa itself needs torch, mmengine and mmcv. ONNX export and INT8 (onnx, onnxruntime), OpenVINO
+and its INT8 (openvino, nncf), whole-model deployment (mmdeploy) and plots (matplotlib) are
+optional. The rule: a module that uses one
 imports it where it is used, not at the top, through :func:`imported` (or checks it first with
 :func:`require`), which raises :class:`~mmrepa.errors.DependencyError` naming the package and how
 to install it; a tool parses its arguments first (``--help`` always works), then calls
@@ -21,6 +22,8 @@ INSTALL = {
     'mmdeploy': 'make install-tests, or pip install --no-deps mmdeploy==1.3.1 and '
     'pip install -r requirements/deploy.txt (see that file)',
     'aenum': 'pip install -r requirements/deploy.txt',
+    'openvino': "pip install -e '.[openvino]', or pip install -r requirements/openvino.txt",
+    'nncf': "pip install -e '.[openvino]', or pip install -r requirements/openvino.txt",
     'matplotlib': 'pip install matplotlib',
 }
 

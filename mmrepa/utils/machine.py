@@ -101,12 +101,13 @@ def _int_or_none(value: Optional[str]) -> Optional[int]:
         return None
 
 
-def _onnxruntime_version() -> Optional[str]:
+def _version(package: str) -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import onnxruntime
-    except ImportError:
+        return version(package)
+    except PackageNotFoundError:
         return None
-    return onnxruntime.__version__
 
 
 def machine_info() -> dict:
@@ -118,8 +119,8 @@ def machine_info() -> dict:
     kernels torch dispatches to: DEFAULT, AVX2, AVX512, ...), ``logical_cores`` (os.cpu_count),
     ``usable_cores`` (this process's affinity), ``threads`` (torch.get_num_threads),
     ``omp_num_threads`` (the environment's OMP_NUM_THREADS, None if unset), ``load_average_start``
-    / ``load_average_end``, ``python`` / ``torch`` / ``onnxruntime`` (None if not importable)
-    versions, ``platform`` and ``git_commit``.
+    / ``load_average_end``, ``python`` / ``torch`` / ``onnxruntime`` / ``openvino`` / ``nncf``
+    versions (None if not installed), ``platform`` and ``git_commit``.
     """
     cpuinfo = read_cpuinfo()
     try:
@@ -142,7 +143,9 @@ def machine_info() -> dict:
         load_average_end=None,
         python=platform.python_version(),
         torch=torch.__version__,
-        onnxruntime=_onnxruntime_version(),
+        onnxruntime=_version('onnxruntime'),
+        openvino=_version('openvino'),
+        nncf=_version('nncf'),
         platform=platform.platform(),
         git_commit=git_commit(),
     )

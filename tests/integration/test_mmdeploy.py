@@ -7,8 +7,8 @@ generated data. The detectors are traced at 96 x 96, so the window attention pad
 stages' 6 x 6 and 3 x 3 maps against windows of 4) and shifts; the UperNet at 48 x 48, where
 its pyramid pooling takes a 2 x 2 map to 3 x 3 and 6 x 6."""
 
-import argparse
 import ast
+import importlib.util
 import json
 import os
 import os.path as osp
@@ -18,7 +18,6 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from mmengine.config import DictAction
 from torch.nn.modules.batchnorm import _BatchNorm
 
 pytest.importorskip('onnxruntime')
@@ -28,18 +27,20 @@ import mmrepa  # noqa: E402
 import mmrepa.integrations.mmdeploy  # noqa: E402
 from mmrepa.apis import init_model  # noqa: E402
 from mmrepa.datasets import make_shapes_ade20k, make_shapes_coco  # noqa: E402
-from tests.helpers import ROOT, run_script_here, shapes_cfg_options  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    ROOT,
+    parse_options,
+    run_script_here,
+    script_module,
+    shapes_cfg_options,
+)
 
 DEMO = osp.join(ROOT, 'configs', 'demo')
 DEPLOY = osp.join(ROOT, 'configs', 'deploy')
 TOOL = 'tools/deploy.py'
-
-
-def parse_options(options):
-    """``--cfg-options`` as mmengine's DictAction reads them."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    return parser.parse_args(['--cfg-options', *options]).cfg_options
+needs_openvino = pytest.mark.skipif(
+    importlib.util.find_spec('openvino') is None, reason='needs openvino (.[openvino])'
+)
 
 
 def random_checkpoint(config, options, path, seed=0):
@@ -95,53 +96,127 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize('name', list(CASES))
-def test_whole_model_exports_and_onnxruntime_equals_pytorch(name, data, tmp_path):
+@pytest.fixture(scope='module')
+def exports(data, tmp_path_factory):
+    """``exports(name, backend)``: tools/deploy.py run once per model and backend in this
+    module, on a random checkpoint: (the folder it ran in, the output folder, the report, the
+    log, the image it compared on)."""
     root, coco, ade = data
-    config, deploy_cfg = (osp.join(DEMO, CASES[name][0]), osp.join(DEPLOY, CASES[name][1]))
-    options = upernet_options(ade) if name == 'upernet' else detector_options(coco)
-    ckpt = random_checkpoint(config, options, str(tmp_path / 'model.pth'))
-    out = tmp_path / 'out'
-    # RetinaNet exports the config's first test image (the default); the others a given one
-    image = (
-        []
-        if name == 'retinanet'
-        else [
-            '--image',
-            (
-                osp.join(ade, 'images', 'validation', 'shapes_validation_00001.jpg')
-                if name == 'upernet'
-                else osp.join(coco, 'val', '00001.png')
-            ),
-        ]
-    )
-    report, log = run_script_here(
-        TOOL, config, ckpt, deploy_cfg, '--out', out, *image, '--cfg-options', *options
-    )
-    assert sorted(os.listdir(out)) == [
-        'deploy_cfg.py',
-        'end2end.onnx',
-        'folded.pth',
-        'model_cfg.py',
-        'report.json',
-    ]
-    with open(out / 'report.json') as f:
-        assert json.load(f) == report
+    done = {}
+
+    def export(name, backend='onnxruntime'):
+        if (name, backend) in done:
+            return done[name, backend]
+        folder = tmp_path_factory.mktemp(f'{name}-{backend}')
+        config = osp.join(DEMO, CASES[name][0])
+        deploy_cfg = osp.join(DEPLOY, CASES[name][1].replace('onnxruntime', backend))
+        options = upernet_options(ade) if name == 'upernet' else detector_options(coco)
+        ckpt = random_checkpoint(config, options, str(folder / 'model.pth'))
+        out = folder / 'out'
+        # RetinaNet exports the config's first test image (the default); the others a given one
+        image = {
+            'retinanet': osp.join(coco, 'val', '00000.png'),
+            'mask-rcnn': osp.join(coco, 'val', '00001.png'),
+            'upernet': osp.join(ade, 'images', 'validation', 'shapes_validation_00001.jpg'),
+        }[name]
+        given = [] if name == 'retinanet' else ['--image', image]
+        report, log = run_script_here(
+            TOOL, config, ckpt, deploy_cfg, '--out', out, *given, '--cfg-options', *options
+        )
+        done[name, backend] = folder, out, report, log, image
+        return done[name, backend]
+
+    return export
+
+
+def assert_equal_to_pytorch(name, backend, report, result):
     assert report['folded'] and report['params_after'] < report['params_before']
-    result = report['onnxruntime_vs_pytorch']
     if name == 'upernet':
         assert report['input_shape'] == [48, 48]
         assert result['differing_pixels'] == 0 and result['pixels'] == 48 * 48
     else:
         assert report['input_shape'] == [96, 96]
-        assert result['num_pytorch'] == result['num_onnxruntime'] > 0
+        assert result['num_pytorch'] == result[f'num_{backend}'] > 0
         assert result['labels_equal']
         assert result['max_box_diff'] < 1e-3 and result['max_score_diff'] < 1e-4
         if name == 'mask-rcnn':
             assert result['min_mask_iou'] > 0.99
-    assert 'onnxruntime vs PyTorch' in log
+
+
+@pytest.mark.parametrize(
+    'name, backend',
+    [(name, 'onnxruntime') for name in CASES]
+    # OpenVINO through the tool for the segmentor (the detector: below, from the ONNX graph)
+    + [pytest.param('upernet', 'openvino', marks=needs_openvino)],
+)
+def test_whole_model_exports_and_the_backend_equals_pytorch(name, backend, exports):
+    folder, out, report, log, image = exports(name, backend)
+    ir = ['end2end.bin', 'end2end.xml'] if backend == 'openvino' else []
+    assert sorted(os.listdir(out)) == sorted(
+        ['deploy_cfg.py', 'end2end.onnx', 'folded.pth', 'model_cfg.py', 'report.json', *ir]
+    )
+    with open(out / 'report.json') as f:
+        assert json.load(f) == report
+    assert report['backend'] == backend and report['image'] == osp.abspath(image)
+    assert_equal_to_pytorch(name, backend, report, report[f'{backend}_vs_pytorch'])
+    assert f'{backend} vs PyTorch' in log
     # nothing left beside the output but the checkpoint
-    assert sorted(os.listdir(tmp_path)) == ['model.pth', 'out']
+    assert sorted(os.listdir(folder)) == ['model.pth', 'out']
+
+
+@needs_openvino
+def test_openvino_runs_the_exported_mask_rcnn_as_pytorch(exports, tmp_path):
+    """The Mask R-CNN graph tools/deploy.py exported (the same for both backends: mmrepa's
+    rewrites apply to both, and mmdeploy's OpenVINO RoI extractor is not used), converted by the
+    OpenVINO backend manager mmrepa registers with mmdeploy and run by mmdeploy's backend model,
+    gives PyTorch's boxes, labels and masks."""
+    from mmengine.config import Config
+
+    from mmrepa.apis import init_model
+
+    _, out, report, _, image = exports('mask-rcnn')
+    deploy_cfg = Config.fromfile(osp.join(DEPLOY, 'instance-seg_openvino_static.py'))
+    model_cfg = Config.fromfile(str(out / 'model_cfg.py'))
+    model = init_model(model_cfg, str(out / 'folded.pth'))
+    deploy = script_module(TOOL)
+    result, files, shape = deploy.run_backend(
+        model, model_cfg, deploy_cfg, str(out / 'end2end.onnx'), image, str(tmp_path)
+    )
+    assert [osp.basename(f) for f in files] == ['end2end.xml']
+    assert sorted(os.listdir(tmp_path)) == ['end2end.bin', 'end2end.xml']
+    assert_equal_to_pytorch('mask-rcnn', 'openvino', dict(report, input_shape=shape), result)
+    assert (
+        deploy.disagreement(result, deploy.parse_args(['c', 'k', 'd', '--out', 'o']), 'openvino')
+        == ''
+    )
+
+
+def test_openvino_exports_with_the_rewrites_onnxruntime_gets():
+    """Under the openvino backend the graph is written by the same rewrites as for ONNX Runtime
+    (mmrepa's exact ones registered for both; mmdeploy's OpenVINO SingleRoIExtractor, which
+    assigns RoIs to levels by its own rule, removed), except two of mmdeploy's that do not touch
+    these models' results: its ONNX Runtime masked_fill workaround and OpenVINO's deformable
+    convolution op."""
+    from mmdeploy.core import FUNCTION_REWRITER, SYMBOLIC_REWRITER
+    from mmdeploy.core.rewriters.rewriter_utils import collect_env
+    from mmdeploy.utils import IR, Backend
+
+    for codebase in ('mmdet', 'mmseg'):
+        importlib.import_module(f'mmdeploy.codebase.{codebase}.models')
+    differ = set()
+    for registry in (FUNCTION_REWRITER, SYMBOLIC_REWRITER):
+        ort, ov = (
+            {k: v['_object'] for k, v in registry._registry.get_records(collect_env(b, IR.ONNX))}
+            for b in (Backend.ONNXRUNTIME, Backend.OPENVINO)
+        )
+        differ |= {k for k in set(ort) | set(ov) if ort.get(k) is not ov.get(k)}
+        ours = [k for k, f in ov.items() if f.__module__.startswith('mmrepa')]
+        assert ours, 'no mmrepa rewrite registered for openvino'
+    assert differ == {
+        'torch.masked_fill',
+        'torch.Tensor.masked_fill',
+        'mmcv.ops.deform_conv.DeformConv2dFunction',
+    }
 
 
 def _refused(tmp_path, *args):
@@ -187,6 +262,11 @@ def test_a_model_mmdeploy_cannot_export_is_refused_with_the_reason(data, tmp_pat
             'detection_onnxruntime_static.py',
             'the MaskRCNN predicts masks',
         ),
+        (
+            'upernet_repa_convformer_shapes.py',
+            'detection_openvino_static.py',
+            'use configs/deploy/segmentation_openvino_static.py',
+        ),
         ('retinanet_repa_swin_shapes.py', 'dynamic', 'dynamic input sizes'),
         ('retinanet_repa_swin_shapes.py', 'tensorrt', 'its backend is tensorrt'),
     ],
@@ -209,6 +289,15 @@ def test_what_the_deploy_config_cannot_export_is_refused_before_building(
     ckpt.write_bytes(b'')  # never read: the refusal comes first
     line = _refused(tmp_path, osp.join(DEMO, config), ckpt, deploy_cfg)
     assert 'cannot export' in line and reason in line, line
+
+
+def test_a_backend_not_installed_is_named_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'openvino', None)  # import openvino fails
+    config = osp.join(DEMO, CASES['upernet'][0])
+    ckpt = tmp_path / 'unused.pth'
+    ckpt.write_bytes(b'')
+    line = _refused(tmp_path, config, ckpt, osp.join(DEPLOY, 'segmentation_openvino_static.py'))
+    assert line.startswith(f'{TOOL}: needs openvino (') and '[openvino]' in line, line
 
 
 def test_existing_output_needs_force(tmp_path):

@@ -2,20 +2,24 @@
 detector trained for two iterations on a tiny generated set, and the quantization-aware fold."""
 
 import copy
+import importlib.util
 import os
 import os.path as osp
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from mmrepa import reparameterize
+from mmrepa.apis import init_model, load_config
 from mmrepa.backbones import RePaSwin, RepOptVGG
 from mmrepa.integrations.onnx import export_onnx
 from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import (
     DEMO,
     TINY_ARCH,
+    parse_options,
     randomize_,
     run_script_here,
     script_module,
@@ -182,9 +186,9 @@ def inputs_of_shape(monkeypatch):
             for a, source in found
         ]
 
-    def export(model, full, x, path, what):
+    def export(model, full, x, path, what, *args):
         exports.append((tuple(x.shape), path))
-        return real_export(model, full, x, path, what)
+        return real_export(model, full, x, path, what, *args)
 
     monkeypatch.setattr(tool, 'pipeline_inputs', pipeline_inputs)
     monkeypatch.setattr(tool, 'export', export)
@@ -234,6 +238,92 @@ def test_calibration_of_another_shape_than_shape_is_refused_before_the_export(
     assert message.startswith('tools/quantize.py: train calibration image 0 ('), message
     assert 'has shape (1, 3, 48, 48) but the model was exported for input (1, 3, 64, 64)' in message
     assert exports == [] and os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------ OpenVINO with NNCF
+
+needs_openvino = pytest.mark.skipif(
+    importlib.util.find_spec('openvino') is None or importlib.util.find_spec('nncf') is None,
+    reason='needs openvino and nncf (.[openvino])',
+)
+
+
+@needs_openvino
+def test_openvino_nncf_int8_with_accuracy_control(trained, tmp_path):
+    """The demo RetinaNet's folded backbone through NNCF in OpenVINO: an IR with INT8
+    FakeQuantize nodes, close to float32, the test metric with both; accuracy control on (a
+    loose limit, met at once: the path, not NNCF's search). The timing is the onnxruntime
+    path's (OpenVINOSession has its interface)."""
+    _, options, ckpt = trained
+    out = tmp_path / 'bb_int8.xml'
+    result, log = run_script_here(
+        'tools/quantize.py',
+        DEMO,
+        ckpt,
+        '--backend',
+        'openvino',
+        '--max-drop',
+        '1.0',
+        '--form',
+        'folded',
+        '--calib-images',
+        '2',
+        '--sqnr-images',
+        '1',
+        '--repeat',
+        '0',
+        '--out',
+        out,
+        '--cfg-options',
+        *options,
+    )
+    assert result['backend'] == 'openvino' and result['options']['accuracy_control']
+    assert sorted(os.listdir(tmp_path)) == ['bb_int8.bin', 'bb_int8.xml']  # nothing else
+    assert result['int8_ops']['fake_quantize'] > 10
+    # three feature maps; INT8 close to float32 (an independent check of the file: OpenVINO
+    # itself against the PyTorch backbone)
+    assert len(result['sqnr_db_per_output']) == 3 and result['sqnr_db'] > 15, result
+    assert set(result['metric']) == {'float32', 'int8'} and result['metric_key'] == 'coco/bbox_mAP'
+    assert 'SQNR of INT8 against float32' in log
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(out), 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
+    cfg = load_config(DEMO, parse_options(options))
+    model = reparameterize(init_model(cfg, ckpt))
+    # a test image the tool did not measure on (seed), as the model sees it
+    x = torch.from_numpy(quantize.pipeline_inputs(cfg, model.data_preprocessor, 1, 'test', 5)[0][0])
+    with torch.no_grad():
+        ref = [t.numpy() for t in model.backbone(x)]
+    got = list(compiled([x.numpy()]).values())
+    assert quantize.sqnr_db(ref, got) > 10  # 2 calibration images; a wrong model gives < 1
+
+
+@needs_openvino
+@pytest.mark.parametrize(
+    'args, expected',
+    [
+        (('--shape', '96', '96', '--out', 'XML'), 'train calibration image 0 ('),
+        (('--max-drop', '0.01', '--out', 'XML'), 'it needs --backend openvino and the metric'),
+        ((), 'OpenVINO writes IR, name it .xml'),  # --out model.onnx
+    ],
+)
+def test_openvino_bad_input_is_one_line_and_writes_nothing(trained, tmp_path, args, expected):
+    _, options, ckpt = trained
+    args = ['--backend', 'openvino', *(str(tmp_path / 'm.xml') if a == 'XML' else a for a in args)]
+    log = quantize_fast(ckpt, options, tmp_path, *args, ok=False)[1]
+    assert log.strip().splitlines()[-1].startswith('tools/quantize.py: ')
+    assert expected in log.strip().splitlines()[-1], log
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_backend_not_installed_is_named_in_one_line(trained, tmp_path, monkeypatch):
+    _, options, ckpt = trained
+    monkeypatch.setitem(sys.modules, 'nncf', None)  # import nncf fails
+    out = str(tmp_path / 'model.xml')
+    log = quantize_fast(ckpt, options, tmp_path, '--backend', 'openvino', '--out', out, ok=False)[1]
+    line = log.strip().splitlines()[-1]
+    assert line.startswith('tools/quantize.py: needs nncf (') and '[openvino]' in line, line
+    assert os.listdir(tmp_path) == []
 
 
 def test_test_images_of_another_shape_are_named_as_test_images(trained, tmp_path, inputs_of_shape):

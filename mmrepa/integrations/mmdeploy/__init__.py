@@ -8,7 +8,7 @@ from ..optional import require
 # one line naming the install, not a traceback
 require('mmdeploy', tool='mmrepa.integrations.mmdeploy')
 
-from . import mmdet_heads, rewriters  # noqa: E402,F401
+from . import mmdet_heads, openvino, rewriters  # noqa: E402,F401
 from .rewriters import SDPA_METHODS, exact_sdpa  # noqa: E402
 
 __all__ = ['SDPA_METHODS', 'exact_sdpa']

@@ -1,4 +1,5 @@
-"""Exact two-stage post-processing for ONNX Runtime exports (mmdet's own semantics).
+"""Exact two-stage post-processing for ONNX Runtime and OpenVINO exports (mmdet's own
+semantics).
 
 mmdeploy 1.3.1 rewrites the RPN's and the R-CNN head's post-processing for export, and both
 rewrites change what mmdet computes. On the demo Mask R-CNN 11 of 80 validation images came out
@@ -44,9 +45,12 @@ import torch
 import torch.nn.functional as F
 from mmdeploy.core import FUNCTION_REWRITER
 
+from .rewriters import for_backends
 
-@FUNCTION_REWRITER.register_rewriter(
-    'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat', backend='onnxruntime'
+
+@for_backends(
+    FUNCTION_REWRITER.register_rewriter,
+    'mmdet.models.roi_heads.bbox_heads.bbox_head.BBoxHead.predict_by_feat',
 )
 def bbox_head__predict_by_feat__onnxruntime(
     self,
@@ -108,8 +112,9 @@ def bbox_head__predict_by_feat__onnxruntime(
 _NOT_CANDIDATE = -1.0
 
 
-@FUNCTION_REWRITER.register_rewriter(
-    'mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat', backend='onnxruntime'
+@for_backends(
+    FUNCTION_REWRITER.register_rewriter,
+    'mmdet.models.dense_heads.rpn_head.RPNHead.predict_by_feat',
 )
 def rpn_head__predict_by_feat__onnxruntime(
     self,
@@ -188,8 +193,9 @@ def _per_column(scores: torch.Tensor, column: torch.Tensor, columns: int) -> tor
     return torch.where(own, scores.unsqueeze(-1), scores.new_full((), _NOT_CANDIDATE))
 
 
-@FUNCTION_REWRITER.register_rewriter(
-    'mmdet.models.dense_heads.retina_head.RetinaHead.predict_by_feat', backend='onnxruntime'
+@for_backends(
+    FUNCTION_REWRITER.register_rewriter,
+    'mmdet.models.dense_heads.retina_head.RetinaHead.predict_by_feat',
 )
 def retina_head__predict_by_feat__onnxruntime(
     self,

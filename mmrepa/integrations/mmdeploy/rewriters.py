@@ -45,10 +45,10 @@ The attention rewrites key on mmrepa's own methods (mmdeploy's Swin rewrites key
 attention needs no replacement for ``torch.roll`` or dynamic padding: its window layout (pad,
 shift, partition) is one index gather whose indices are computed from the map size and exported
 as constants, hence the static-shape deploy configs (``configs/deploy/``). 3 and 4 replace
-mmdeploy's default rewrites for the ``onnxruntime`` backend only (a backend-specific rewrite
-takes precedence over a default one). :mod:`mmrepa.integrations.mmdeploy.mmdet_heads` does the same
-for the
-RetinaNet, RPN and R-CNN post-processing.
+mmdeploy's default rewrites for the ``onnxruntime`` and ``openvino`` backends only (a
+backend-specific rewrite takes precedence over a default one).
+:mod:`mmrepa.integrations.mmdeploy.mmdet_heads` does the same for the RetinaNet, RPN and R-CNN
+post-processing.
 """
 
 import contextlib
@@ -63,6 +63,23 @@ from mmdeploy.core import FUNCTION_REWRITER, SYMBOLIC_REWRITER
 from mmdeploy.core.rewriters import function_rewriter
 from mmdeploy.utils import get_ir_config
 from torch.nn.modules.utils import _pair
+
+# the backends mmrepa's exact rewrites apply to: both run the same standard-op ONNX graph
+# (OpenVINO converts it, see :mod:`mmrepa.integrations.mmdeploy.openvino`)
+BACKENDS = ('onnxruntime', 'openvino')
+
+
+def for_backends(register, *args, **kwargs):
+    """``register(*args, backend=b, **kwargs)`` for each of :data:`BACKENDS`, as one decorator
+    (``register``: ``FUNCTION_REWRITER.register_rewriter`` or
+    ``SYMBOLIC_REWRITER.register_symbolic``)."""
+
+    def decorator(func):
+        for backend in BACKENDS:
+            register(*args, backend=backend, **kwargs)(func)
+        return func
+
+    return decorator
 
 
 def _exit_with_dict_registry(exit):
@@ -165,7 +182,7 @@ def torch_onnx_export__torchscript(*args, **kwargs):
         return ctx.origin_func(*args, **kwargs)
 
 
-@SYMBOLIC_REWRITER.register_symbolic('mmcv.ops.roi_align.__self__', backend='onnxruntime')
+@for_backends(SYMBOLIC_REWRITER.register_symbolic, 'mmcv.ops.roi_align.__self__')
 def roi_align__onnxruntime(
     g,
     input,
@@ -213,9 +230,7 @@ def _adaptive_windows(size: int, out: int, like: torch.Tensor) -> torch.Tensor:
     return weights
 
 
-@FUNCTION_REWRITER.register_rewriter(
-    func_name='torch.nn.functional.adaptive_avg_pool2d', backend='onnxruntime'
-)
+@for_backends(FUNCTION_REWRITER.register_rewriter, 'torch.nn.functional.adaptive_avg_pool2d')
 def adaptive_avg_pool2d__onnxruntime(input: torch.Tensor, output_size) -> torch.Tensor:
     """Exact adaptive average pooling for a static input size (see the module docstring)."""
     ctx = FUNCTION_REWRITER.get_context()
