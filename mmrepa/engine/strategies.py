@@ -10,6 +10,7 @@ the rest in another. :class:`FoldableFSDPStrategy` changes those two steps and c
 wrapped model; everything else (state dicts, optimizer sharding, checkpoints) is mmengine's.
 """
 
+import copy
 import os
 import os.path as osp
 import subprocess
@@ -18,8 +19,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 import torch.nn as nn
 from mmengine._strategy import FSDPStrategy
+from mmengine.device import get_device
 from mmengine.dist import get_rank, get_world_size, is_distributed
-from mmengine.registry import FUNCTIONS, STRATEGIES
+from mmengine.registry import FUNCTIONS, MODELS, STRATEGIES
 
 from ..checkpoint.sharded import SHARD_META, rank_file
 from ..errors import CheckpointError, ConfigError, DependencyError
@@ -120,6 +122,30 @@ class FoldableFSDPStrategy(FSDPStrategy):
         self.plain_shards = state_dict_cfg == 'sharded'
         super().__init__(state_dict_cfg='local' if self.plain_shards else state_dict_cfg, **kwargs)
 
+    def build_model(self, model):
+        # kept to build an unsharded copy later (full_model): the wrapped model cannot be
+        # copied, and runner.cfg.model lacks a top-level data_preprocessor
+        self._model_cfg = copy.deepcopy(model) if isinstance(model, dict) else None
+        return super().build_model(model)
+
+    @torch.no_grad()
+    def full_model(self) -> nn.Module:
+        """An unsharded copy of the model with the gathered weights and buffers, on every
+        rank, in eval mode (``ReparameterizeHook`` folds, verifies and tests it); the sharded
+        model is not changed."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        if self._model_cfg is None:
+            raise ConfigError(
+                'FoldableFSDPStrategy.full_model needs the model built from a config (a dict)'
+            )
+        model = MODELS.build(copy.deepcopy(self._model_cfg))
+        with FSDP.summon_full_params(self.model, writeback=False):
+            state = {_clean(n): p.detach().clone() for n, p in self.model.named_parameters()}
+        state.update((n, b.detach().clone()) for n, b in self._buffers())
+        model.load_state_dict(state, strict=True)
+        return model.to(get_device()).eval()
+
     def _setup_distributed(self, launcher: str = 'pytorch', backend: str = 'nccl', **kwargs):
         if torch.cuda.is_available():
             return super()._setup_distributed(launcher, backend, **kwargs)
@@ -135,7 +161,10 @@ class FoldableFSDPStrategy(FSDPStrategy):
                 f'{torch.__version__} does not have ({e}); install a torch with distributed '
                 'support or train with DDP (the default Runner)'
             ) from None
-        if not torch.cuda.is_available():
+        if torch.cuda.is_available():
+            # FSDPStrategy takes DDPStrategy's sync_bn but never applies it (SyncBN needs CUDA)
+            model = self.convert_model(model)
+        else:
             # mmengine passes device_id=LOCAL_RANK, a CUDA device: keep the CPU
             self.model_wrapper = dict(self.model_wrapper or dict(type='MMFullyShardedDataParallel'))
             self.model_wrapper.setdefault('device_id', torch.device('cpu'))
@@ -152,6 +181,12 @@ class FoldableFSDPStrategy(FSDPStrategy):
                 f"block_types=['{type(inner.get_submodule(block)).__name__}'])"
             )
         return wrapped
+
+    def build_optim_wrapper(self, optim_wrapper, model=None):
+        wrapper = super().build_optim_wrapper(optim_wrapper, model)
+        for optim in getattr(wrapper, 'values', lambda: [wrapper])():
+            _check_sharded_optimizer(optim)
+        return wrapper
 
     # --- plain sharded checkpoints ('sharded') -------------------------------------------------
 
@@ -296,6 +331,33 @@ class FoldableFSDPStrategy(FSDPStrategy):
             self.logger.warning(msg)
 
     _loaded_shards = False
+    _model_cfg: Optional[dict] = None
+
+
+def _check_sharded_optimizer(optim_wrapper) -> None:
+    """Refuse what needs whole tensors on one rank: with ``use_orig_params`` every rank's
+    optimizer sees its pieces of the parameters only, so a per-tensor norm is a piece's."""
+    from .optimizers.base import RepOptOptimizer
+
+    optimizer = optim_wrapper.optimizer
+    name = type(optimizer).__name__
+    if isinstance(optimizer, RepOptOptimizer):
+        raise ConfigError(
+            f'{name} under FoldableFSDPStrategy: its branch multipliers are shaped like whole '
+            'kernels, and sharded training gives each rank pieces; train RepOpt models with '
+            'DDP (the default Runner)'
+        )
+    if name.lower() in ('lamb', 'lars'):
+        raise ConfigError(
+            f'{name} under FoldableFSDPStrategy: its per-tensor trust ratio would be computed on '
+            "each rank's piece of a tensor; use AdamW, or DDP (the default Runner)"
+        )
+    if getattr(optim_wrapper, 'grad_name', None) == 'grad_norm':
+        raise ConfigError(
+            'optim_wrapper.clip_grad by norm under FoldableFSDPStrategy: OptimWrapper would '
+            "clip by each rank's norm of its pieces and the ranks would diverge; remove "
+            "clip_grad or clip by value (clip_grad=dict(type='value', clip_value=...))"
+        )
 
 
 def _clean(name: str) -> str:
