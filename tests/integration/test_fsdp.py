@@ -56,7 +56,7 @@ sync_bn = None  # needs CUDA
 HOOKS = {
     # AdamW: LAMB's per-tensor trust ratio needs whole tensors (refused under sharding)
     'swin': "optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-3, "
-    "weight_decay=0.05))\n"
+    'weight_decay=0.05))\n'
     "custom_hooks = [dict(type='BNRecalibrationHook', num_batches=2), "
     "dict(type='ReparameterizeHook', measure_latency=False)]\n"
     "model.update(backbone=dict(ffn_norm='BN', drop_path_rate=0.0))\n",
