@@ -36,6 +36,7 @@ from tests.helpers import (
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
     r'|depthrep_vit_tiny_d[34]_'
+    r'|_fsdp[-_]'  # a config above with a sharded runtime: tests/integration/test_fsdp.py
 )
 CONFIGS = sorted(
     p

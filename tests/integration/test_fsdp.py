@@ -8,6 +8,7 @@ process: each rank's BatchNorm normalises with its own batch's statistics, which
 with the whole batch would not.
 """
 
+import glob
 import os
 import os.path as osp
 import shutil
@@ -180,3 +181,31 @@ def test_what_needs_whole_tensors_is_refused(optimizer, clip, message):
     with pytest.raises(ConfigError, match=message):
         _check_sharded_optimizer(OptimWrapper(optim, clip_grad=clip))
     _check_sharded_optimizer(OptimWrapper(torch.optim.AdamW(params)))
+
+
+@pytest.mark.parametrize(
+    'path', sorted(glob.glob(osp.join(ROOT, 'configs', '*', '*_fsdp*.py'))), ids=osp.basename
+)
+def test_sharded_configs(path):
+    """Each sharded config runs on FlexibleRunner with an optimizer sharding can run, and its
+    FSDP unit never lies inside a foldable block of its backbone (built tiny); activation
+    checkpointing on."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from mmrepa.engine.strategies import is_foldable_block
+    from tests.integration.config_checks import build, shrink_backbone
+
+    cfg = Config.fromfile(path)
+    assert cfg.runner_type == 'FlexibleRunner' and cfg.strategy.type == 'FoldableFSDPStrategy'
+    assert cfg.optim_wrapper.optimizer.type in ('AdamW', 'SGD') and not cfg.optim_wrapper.get(
+        'clip_grad'
+    )
+    assert cfg.model.backbone.with_cp is True
+    (block,) = cfg.strategy.model_wrapper.auto_wrap_policy.block_types
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        backbone = build(shrink_backbone(cfg)).backbone  # the full size's wiring checked
+    assert any(type(m).__name__ == block for m in backbone.modules())
+    for m in backbone.modules():  # a unit holds whole foldable blocks, never part of one
+        if is_foldable_block(m) and type(m).__name__ != block:
+            assert not any(type(d).__name__ == block for d in m.modules())
