@@ -37,7 +37,7 @@ def config(path, work, name, **changes):
     return cfg
 
 
-def sharded(path, work, name, blocks, **changes):
+def sharded(path, work, name, blocks, test=True, **changes):
     strategy = dict(
         type='FoldableFSDPStrategy',
         model_wrapper=dict(auto_wrap_policy=dict(type='foldable_block_policy', block_types=blocks)),
@@ -46,7 +46,7 @@ def sharded(path, work, name, blocks, **changes):
     with fresh_mmengine_instances():
         runner = FlexibleRunner.from_cfg(cfg)
         runner.train()
-        return runner, runner.strategy.full_model().state_dict(), runner.test()
+        return runner, runner.strategy.full_model().state_dict(), test and runner.test()
 
 
 def main(work, *named):
@@ -78,7 +78,7 @@ def main(work, *named):
         if 'resume' in checks:
             ckpt = osp.join(work, f'{name}_fsdp', 'iter_2.pth')
             _, result['resumed'], _ = sharded(
-                path, work, f'{name}_resumed', blocks, resume=True, load_from=ckpt
+                path, work, f'{name}_resumed', blocks, test=False, resume=True, load_from=ckpt
             )
         out[name] = result
     path = named[0].split('=')[1]

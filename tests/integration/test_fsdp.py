@@ -123,6 +123,21 @@ def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
     assert counts == {2}  # one batch per rank, averaged
 
 
+@pytest.mark.parametrize('strategy', ['DeepSpeedStrategy', 'FSDPStrategy'])
+def test_a_strategy_that_cannot_run_here_is_one_line(launch, strategy):
+    if torch.cuda.is_available():
+        pytest.skip('both run with CUDA')
+    _, log = run_script_here(
+        'tools/train.py',
+        str(launch[0] / 'swin.py'),
+        '--cfg-options',
+        'runner_type=FlexibleRunner',
+        f'strategy.type={strategy}',
+        ok=False,
+    )
+    assert strategy in log.strip().splitlines()[-1]
+
+
 def test_split_policy_is_refused(launch):
     message = launch[2][0]['split_error']
     assert 'splits the foldable block' in message and '\n' not in message

@@ -4,6 +4,7 @@ import torch
 from mmengine.config import Config
 
 from ...engine.strategies import init_cpu_process_group
+from ...errors import ConfigError
 
 
 def setup_cpu_distributed(cfg: Config) -> None:
@@ -27,3 +28,25 @@ def setup_cpu_distributed(cfg: Config) -> None:
     wrapper.update(cfg.get('model_wrapper_cfg') or {})
     wrapper['device_ids'] = None
     cfg.model_wrapper_cfg = wrapper
+
+
+def check_strategy(cfg: Config) -> None:
+    """Refuse, in one line, a ``FlexibleRunner`` strategy that cannot run here: DeepSpeed when
+    it is not installed or there is no CUDA, mmengine's ``FSDPStrategy`` without CUDA."""
+    strategy = cfg.get('strategy') or {}
+    kind = strategy.get('type') if isinstance(strategy, dict) else None
+    kind = kind if isinstance(kind, str) else getattr(kind, '__name__', None)
+    if kind == 'DeepSpeedStrategy':
+        from ..optional import require
+
+        require('deepspeed', tool='DeepSpeedStrategy')
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                'DeepSpeedStrategy needs CUDA here: on the CPU its ZeRO initialisation did not '
+                'finish (docs/training.md); use FoldableFSDPStrategy'
+            )
+    if kind == 'FSDPStrategy' and not torch.cuda.is_available():
+        raise ConfigError(
+            "mmengine's FSDPStrategy needs CUDA (it calls torch.cuda.set_device); use "
+            "strategy=dict(type='FoldableFSDPStrategy', ...), which also runs on the CPU"
+        )
