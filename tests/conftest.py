@@ -54,6 +54,7 @@ _memoize_external_config_paths()
 # The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
 # file handed out last keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = (
+    'test_fsdp.py',
     'test_demo_smoke.py',
     'test_tools.py',
     'test_distributed.py',

@@ -34,7 +34,7 @@ import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoin
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
-from mmrepa.integrations.cli.distributed import setup_cpu_distributed
+from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.utils.files import atomic_folder, atomic_output, write_json
@@ -129,6 +129,7 @@ def main():
     if args.out:
         check_pickle_name(args.out)
     cfg = tool_config(args)
+    check_strategy(cfg)
     check_outputs(TOOL, outputs, config_inputs(cfg, splits=('test',)))
     cfg.load_from = args.checkpoint
     check_inputs(

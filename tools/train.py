@@ -12,7 +12,7 @@ from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
-from mmrepa.integrations.cli.distributed import setup_cpu_distributed
+from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs
 
 
@@ -40,6 +40,7 @@ def parse_args():
 def main():
     args = parse_args()
     cfg = tool_config(args)
+    check_strategy(cfg)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')

@@ -1,4 +1,7 @@
-from . import optimizers  # noqa: F401  (registers RepOptSGD, RepOptAdamW and their constructor)
+from . import (
+    optimizers,  # noqa: F401  (registers RepOptSGD, RepOptAdamW and their constructor)
+    strategies,  # noqa: F401  (registers FoldableFSDPStrategy, foldable_block_policy)
+)
 from .hooks import (
     BNRecalibrationHook,
     BranchJoinScheduleHook,

@@ -42,6 +42,7 @@ _REDUNDANT = re.compile(
     r'|identityformer_s12_32xb128_in1k\.py$'  # randformer_s12's model without random mixing
     r'|depthrep_vit_tiny_d[34]_'
     r'|prepbn_pvt_[sm]_(1x|8xb128)_'
+    r'|_fsdp[-_]'  # a config above with a sharded runtime: tests/integration/test_fsdp.py
 )
 CONFIGS = sorted(
     p

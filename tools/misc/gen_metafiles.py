@@ -353,11 +353,14 @@ DATASETS = {
 def list_configs(root: str = ROOT) -> list:
     """The configs the index covers: ``configs/<family>/*.py`` (not ``demo/``, ``deploy/`` nor
     ``_base_/``), but not the ``*_deploy_*`` variants: they build an indexed model folded,
-    whose counts are that model's ``(folded)`` fields."""
+    whose counts are that model's ``(folded)`` fields; nor the ``*_fsdp*`` ones: an indexed
+    model trained sharded."""
     return sorted(
         osp.relpath(p, root)
         for p in glob.glob(osp.join(root, CONFIG_DIR, '*', '*.py'))
-        if osp.basename(osp.dirname(p)) not in NOT_FAMILIES and '_deploy_' not in osp.basename(p)
+        if osp.basename(osp.dirname(p)) not in NOT_FAMILIES
+        and '_deploy_' not in osp.basename(p)
+        and '_fsdp' not in osp.basename(p)
     )
 
 

@@ -1,5 +1,5 @@
 import itertools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -141,7 +141,8 @@ class BNRecalibrationHook(Hook):
 
     Under distributed training every rank recalibrates on its own batches and the statistics
     are then averaged over the ranks (:func:`average_bn_statistics`), so all ranks end
-    identical.
+    identical. A sharded (FSDP) model runs its whole forward (FSDP gathers each unit's
+    weights there); its BatchNorm statistics are buffers, whole on every rank.
 
     Args:
         num_batches (int): Training batches to average over (per rank). Default: 200.
@@ -167,8 +168,10 @@ class BNRecalibrationHook(Hook):
         ]
         targets = [h.ema_model.module for h in emas] or [model]
         loader = own_iterator_loader(runner.train_dataloader)
+        # FSDP gathers a unit's weights in its own forward: run the whole sharded model
+        through = runner.model if _is_sharded(runner.model) else None
         for target in targets:
-            used = recalibrate_model_bn(target, loader, self.num_batches)
+            used = recalibrate_model_bn(target, loader, self.num_batches, through)
             used = average_bn_statistics(target, used)
         for h in emas:
             if not h.ema_model.update_buffers:
@@ -178,6 +181,12 @@ class BNRecalibrationHook(Hook):
             f'BNRecalibrationHook: {which} BatchNorm statistics re-estimated on '
             f'{used} training batches (weights frozen, drop-path off)'
         )
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
 
 
 def own_iterator_loader(loader: Iterable) -> Iterable:
@@ -206,14 +215,20 @@ def _copy_bn_statistics(src: nn.Module, dst: nn.Module) -> None:
                 getattr(modules[name], s).copy_(getattr(bn, s))
 
 
-def recalibrate_model_bn(model: nn.Module, dataloader: Iterable, num_batches: int) -> int:
+def recalibrate_model_bn(
+    model: nn.Module, dataloader: Iterable, num_batches: int, through: Optional[nn.Module] = None
+) -> int:
     """:func:`recalibrate_bn` on ``model.backbone`` (or ``model``) with an mmengine model's
-    data preprocessor (training mode) on ``dataloader``'s batches."""
+    data preprocessor (training mode) on ``dataloader``'s batches. ``through``: the sharded
+    (FSDP) model that wraps ``model``, whose whole forward runs instead (the backbone's
+    statistics are the same)."""
     target = getattr(model, 'backbone', model)
 
     def forward(batch):
         data = model.data_preprocessor(batch, True)
-        if target is model:
+        if through is not None:
+            through(**data, mode='tensor')
+        elif target is model:
             model(**data, mode='tensor')
         else:
             target(data['inputs'])

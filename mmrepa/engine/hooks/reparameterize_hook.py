@@ -49,6 +49,13 @@ def _outputs(model: nn.Module, data: dict, shared: dict):
     return model(**data, mode='tensor')
 
 
+def _is_sharded(wrapper: Optional[nn.Module]) -> bool:
+    """An FSDP model: its parameters are pieces, folded on a gathered copy."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(wrapper, FullyShardedDataParallel)
+
+
 def _batch_size(batch) -> int:
     inputs = batch['inputs'] if isinstance(batch, dict) else batch
     return len(inputs)
@@ -67,7 +74,10 @@ class ReparameterizeHook(Hook):
     original comes back then too; with mmengine's ``TestLoop`` ``runner.model`` stays the
     folded copy (as mmengine's ``EMAHook`` leaves the averaged weights). While the
     copy is tested the original waits on the CPU, so an accelerator holds one model only.
-    Validation during training is never touched.
+    Validation during training is never touched. A sharded model (``FoldableFSDPStrategy``
+    on ``FlexibleRunner``) is gathered into an unsharded copy on every rank
+    (``strategy.full_model()``), which is folded, verified and tested; the sharded model is
+    not changed and is back in ``runner.model`` after the test.
 
     Args:
         verify (bool): Compare the whole model's outputs (``mode='tensor'``: e.g. a detector's
@@ -103,11 +113,15 @@ class ReparameterizeHook(Hook):
         self.warmup = warmup
         self._original: Optional[nn.Module] = None
         self._original_device: Optional[torch.device] = None
+        self._sharded: Optional[nn.Module] = None  # the FSDP model while its copy is tested
         self.results: Dict[str, float] = {}
 
     def before_test_epoch(self, runner) -> None:
         wrapper = runner.model if is_model_wrapper(runner.model) else None
         model = wrapper.module if wrapper is not None else runner.model
+        if _is_sharded(wrapper):  # fold an unsharded copy; the shards stay as they are
+            self._sharded, wrapper = wrapper, None
+            model = runner.strategy.full_model()
         model.eval()
         report = fold_model(copy.deepcopy(model), logger=None)
         folded = report.model
@@ -128,6 +142,9 @@ class ReparameterizeHook(Hook):
             if self.measure_latency:
                 self._measure(runner, model, folded, batches)
         self._log_table(runner)
+        if self._sharded is not None:
+            runner.model = folded
+            return
         self._original = model
         self._original_device = _device_of(model)
         if self._original_device.type != 'cpu':
@@ -142,6 +159,9 @@ class ReparameterizeHook(Hook):
 
     def restore(self, runner) -> None:
         """Put the original model back (a no-op when it is in place)."""
+        if self._sharded is not None:
+            runner.model, self._sharded = self._sharded, None
+            return
         if self._original is None:
             return
         original, self._original = self._original, None

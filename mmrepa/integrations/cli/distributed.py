@@ -1,22 +1,10 @@
 """Distributed runs of ``tools/train.py`` and ``tools/test.py`` on machines without CUDA."""
 
-import os
-import subprocess
-
 import torch
 from mmengine.config import Config
 
-
-def _slurm_to_torch_env() -> None:
-    """The rendezvous variables torch reads, from Slurm's (as mmengine's slurm launcher)."""
-    os.environ['RANK'] = os.environ['SLURM_PROCID']
-    os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
-    os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0')
-    os.environ.setdefault('MASTER_PORT', '29500')
-    if 'MASTER_ADDR' not in os.environ:
-        os.environ['MASTER_ADDR'] = subprocess.getoutput(
-            f'scontrol show hostname {os.environ["SLURM_NODELIST"]} | head -n1'
-        )
+from ...engine.strategies import init_cpu_process_group
+from ...errors import ConfigError
 
 
 def setup_cpu_distributed(cfg: Config) -> None:
@@ -24,18 +12,14 @@ def setup_cpu_distributed(cfg: Config) -> None:
 
     mmengine 0.10's launchers call ``torch.cuda.set_device`` and wrap DDP with CUDA
     ``device_ids``; without a GPU we initialise the process group ourselves (mmengine then
-    skips its own) and build DDP without device ids.
+    skips its own) and build DDP without device ids. A ``FlexibleRunner`` config's strategy
+    (``FoldableFSDPStrategy``) builds its own wrapper.
     """
     launcher = cfg.get('launcher', 'none')
     if launcher not in ('pytorch', 'slurm') or torch.cuda.is_available():
         return
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if launcher == 'slurm':
-            _slurm_to_torch_env()
-        backend = cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend', 'gloo')
-        dist.init_process_group(backend='gloo' if backend == 'nccl' else backend)
+    backend = cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend', 'gloo')
+    init_cpu_process_group(launcher, backend)
     wrapper = dict(
         type='MMDistributedDataParallel',
         broadcast_buffers=False,
@@ -44,3 +28,25 @@ def setup_cpu_distributed(cfg: Config) -> None:
     wrapper.update(cfg.get('model_wrapper_cfg') or {})
     wrapper['device_ids'] = None
     cfg.model_wrapper_cfg = wrapper
+
+
+def check_strategy(cfg: Config) -> None:
+    """Refuse, in one line, a ``FlexibleRunner`` strategy that cannot run here: DeepSpeed when
+    it is not installed or there is no CUDA, mmengine's ``FSDPStrategy`` without CUDA."""
+    strategy = cfg.get('strategy') or {}
+    kind = strategy.get('type') if isinstance(strategy, dict) else None
+    kind = kind if isinstance(kind, str) else getattr(kind, '__name__', None)
+    if kind == 'DeepSpeedStrategy':
+        from ..optional import require
+
+        require('deepspeed', tool='DeepSpeedStrategy')
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                'DeepSpeedStrategy needs CUDA here: on the CPU its ZeRO initialisation did not '
+                'finish (docs/training.md); use FoldableFSDPStrategy'
+            )
+    if kind == 'FSDPStrategy' and not torch.cuda.is_available():
+        raise ConfigError(
+            "mmengine's FSDPStrategy needs CUDA (it calls torch.cuda.set_device); use "
+            "strategy=dict(type='FoldableFSDPStrategy', ...), which also runs on the CPU"
+        )

@@ -1,0 +1,226 @@
+"""Sharded training (FlexibleRunner + FoldableFSDPStrategy) on 2 gloo processes on the CPU.
+
+One launch (tests/integration/fsdp_worker.py) trains a tiny RePa-Swin (BatchNorm FFNs,
+BNRecalibrationHook) and a tiny DepthRepViT (BranchJoinScheduleHook: λ reaches 1 at iteration
+3) for 4 iterations with DDP and with FSDP, tests both folded (ReparameterizeHook), and resumes
+the sharded run from its iteration-2 checkpoint. The reference is 2-process DDP, not one
+process: each rank's BatchNorm normalises with its own batch's statistics, which one process
+with the whole batch would not.
+"""
+
+import glob
+import os
+import os.path as osp
+import shutil
+import sys
+
+import pytest
+import torch
+
+from mmrepa.checkpoint import load_checkpoint_file
+from tests.helpers import (
+    ROOT,
+    TINY_ARCH,
+    free_port,
+    run,
+    run_script_here,
+    tiny_classifier_config,
+    write_images,
+)
+
+DEPTH_TINY = dict(embed_dims=16, num_layers=12, num_heads=2)
+# config, tiny arch, the FSDP unit, what else the worker checks
+MODELS = {
+    'swin': ('repa_swin/repa_swin_t_32xb128_in1k.py', TINY_ARCH, 'RePaSwinBlock', 'resume'),
+    'depth': (
+        'depth_rep_vit/depthrep_vit_tiny_d6_8xb128_pretrain_in1k.py',
+        DEPTH_TINY,
+        'JoinedBlock',
+        'ddp',
+    ),
+}
+# no randomness (crops, Mixup / CutMix, drop path): a resumed run draws nothing it would have
+# drawn differently; BN recalibration, the fold and its check on the test
+DETERMINISTIC = """
+model = dict(backbone=dict(drop_path_rate=0.0), train_cfg=dict(_delete_=True, augments=None))
+_pipeline = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(32, 32)),
+             dict(type='PackInputs')]
+train_dataloader = dict(dataset=dict(pipeline=_pipeline), sampler=dict(shuffle=False))
+val_dataloader = dict(dataset=dict(pipeline=_pipeline))
+test_dataloader = val_dataloader
+default_hooks = dict(checkpoint=dict(interval=2))
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+randomness = dict(seed=0)
+test_cfg = dict(type='FoldedTestLoop')
+sync_bn = None  # needs CUDA
+"""
+HOOKS = {
+    # AdamW: LAMB's per-tensor trust ratio needs whole tensors (refused under sharding)
+    'swin': "optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-3, "
+    'weight_decay=0.05))\n'
+    "custom_hooks = [dict(type='BNRecalibrationHook', num_batches=2), "
+    "dict(type='ReparameterizeHook', measure_latency=False)]\n"
+    "model.update(backbone=dict(ffn_norm='BN', drop_path_rate=0.0))\n",
+    'depth': "custom_hooks = [dict(type='BranchJoinScheduleHook', end_iter=3), "
+    "dict(type='ReparameterizeHook', measure_latency=False)]\n",
+}
+
+
+@pytest.fixture(scope='module')
+def launch(tmp_path_factory):
+    root = tmp_path_factory.mktemp('fsdp')
+    data = write_images(str(root / 'data'), count=8)
+    args = []
+    for name, (base, arch, block, checks) in MODELS.items():
+        path = tiny_classifier_config(base, arch, data, str(root / f'{name}_base.py'))
+        with open(root / f'{name}.py', 'w') as f:
+            f.write(f'_base_ = {path!r}\n' + DETERMINISTIC + HOOKS[name])
+        args.append(f'{name}={root / name}.py={block}={checks}')
+    work = str(root / 'work')
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=ROOT)
+    run(
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--nproc_per_node=2',
+        f'--master_port={free_port()}',
+        osp.join(ROOT, 'tests', 'integration', 'fsdp_worker.py'),
+        work,
+        *args,
+        env=env,
+    )
+    ranks = [torch.load(osp.join(work, f'rank{r}.pth'), weights_only=False) for r in (0, 1)]
+    return root, work, ranks
+
+
+def assert_close(a, b, what):
+    assert a.keys() == b.keys(), what
+    for k in a:
+        assert torch.allclose(a[k].double(), b[k].double(), rtol=1e-5, atol=1e-6), (what, k)
+
+
+def test_sharded_training_equals_ddp(launch):
+    """DepthRepViT (LayerNorms, AdamW): the same per-rank batches give the same model."""
+    r0, r1 = launch[2][0]['depth'], launch[2][1]['depth']
+    assert r0['ddp'].keys() == r0['fsdp'].keys()
+    for k, v in r0['ddp'].items():
+        assert torch.allclose(v.double(), r0['fsdp'][k].double(), rtol=1e-6, atol=1e-7), k
+        assert torch.equal(r0['fsdp'][k], r1['fsdp'][k]), k
+    lams = [float(v) for k, v in r0['fsdp'].items() if k.endswith('join_lambda')]
+    assert lams and set(lams) == {1.0}  # the schedule ran on every rank: foldable
+    assert 'accuracy/top1' in r0['fsdp_metrics']  # the folded copy was tested
+
+
+def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
+    """RePa-Swin (BatchNorm FFNs, BNRecalibrationHook): resumed from the sharded iteration-2
+    checkpoint, iterations 3 and 4 give the same bits; the recalibrated statistics (each rank
+    its own batch) end identical on the ranks."""
+    r0, r1 = launch[2][0]['swin'], launch[2][1]['swin']
+    for k, v in r0['fsdp'].items():
+        assert torch.equal(v, r0['resumed'][k]), k
+        assert torch.equal(v, r1['fsdp'][k]), k
+    counts = {int(v) for k, v in r0['fsdp'].items() if k.endswith('num_batches_tracked')}
+    assert counts == {2}  # one batch per rank, averaged
+
+
+@pytest.mark.parametrize('strategy', ['DeepSpeedStrategy', 'FSDPStrategy'])
+def test_a_strategy_that_cannot_run_here_is_one_line(launch, strategy):
+    if torch.cuda.is_available():
+        pytest.skip('both run with CUDA')
+    _, log = run_script_here(
+        'tools/train.py',
+        str(launch[0] / 'swin.py'),
+        '--cfg-options',
+        'runner_type=FlexibleRunner',
+        f'strategy.type={strategy}',
+        ok=False,
+    )
+    assert strategy in log.strip().splitlines()[-1]
+
+
+def test_split_policy_is_refused(launch):
+    message = launch[2][0]['split_error']
+    assert 'splits the foldable block' in message and '\n' not in message
+
+
+def test_consolidated_checkpoint_tests_like_the_sharded_run(launch):
+    root, work, ranks = launch
+    sharded, out = osp.join(work, 'swin_fsdp', 'iter_4.pth'), str(root / 'full.pth')
+    run_script_here('tools/consolidate_checkpoint.py', sharded, out)
+    full = load_checkpoint_file(out)['state_dict']
+    assert_close(full, ranks[0]['swin']['fsdp'], 'consolidated')
+    assert all(torch.equal(full[k], v) for k, v in ranks[0]['swin']['fsdp'].items())
+    # single process, folded, from the consolidated checkpoint: the sharded run's metric
+    metrics = str(root / 'metrics.json')
+    run_script_here(
+        'tools/test.py',
+        str(root / 'swin.py'),
+        out,
+        '--reparam',
+        '--latency-batches',
+        '0',
+        '--work-dir',
+        str(root / 'test1'),
+        '--dump-metrics',
+        metrics,
+    )
+    import json
+
+    assert json.load(open(metrics)) == pytest.approx(ranks[0]['swin']['fsdp_metrics'])
+    # a rank file missing: one line naming it
+    partial = root / 'partial.pth'
+    partial.mkdir()
+    shutil.copy(osp.join(sharded, 'rank0.pth'), partial / 'rank0.pth')
+    _, log = run_script_here(
+        'tools/consolidate_checkpoint.py', str(partial), str(root / 'p.pth'), ok=False
+    )
+    assert 'rank1.pth are missing' in log.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    'optimizer, clip, message',
+    [
+        ('Lamb', None, 'per-tensor trust ratio'),
+        ('AdamW', dict(max_norm=1.0), 'clip_grad by norm'),
+    ],
+)
+def test_what_needs_whole_tensors_is_refused(optimizer, clip, message):
+    from mmengine.optim import OptimWrapper
+    from mmpretrain.engine.optimizers import Lamb
+
+    from mmrepa.engine.strategies import _check_sharded_optimizer
+    from mmrepa.errors import ConfigError
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    optim = Lamb(params) if optimizer == 'Lamb' else torch.optim.AdamW(params)
+    with pytest.raises(ConfigError, match=message):
+        _check_sharded_optimizer(OptimWrapper(optim, clip_grad=clip))
+    _check_sharded_optimizer(OptimWrapper(torch.optim.AdamW(params)))
+
+
+@pytest.mark.parametrize(
+    'path', sorted(glob.glob(osp.join(ROOT, 'configs', '*', '*_fsdp*.py'))), ids=osp.basename
+)
+def test_sharded_configs(path):
+    """Each sharded config runs on FlexibleRunner with an optimizer sharding can run, and its
+    FSDP unit never lies inside a foldable block of its backbone (built tiny); activation
+    checkpointing on."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from mmrepa.engine.strategies import is_foldable_block
+    from tests.integration.config_checks import build, shrink_backbone
+
+    cfg = Config.fromfile(path)
+    assert cfg.runner_type == 'FlexibleRunner' and cfg.strategy.type == 'FoldableFSDPStrategy'
+    assert cfg.optim_wrapper.optimizer.type in ('AdamW', 'SGD') and not cfg.optim_wrapper.get(
+        'clip_grad'
+    )
+    assert cfg.model.backbone.with_cp is True
+    (block,) = cfg.strategy.model_wrapper.auto_wrap_policy.block_types
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        backbone = build(shrink_backbone(cfg)).backbone  # the full size's wiring checked
+    assert any(type(m).__name__ == block for m in backbone.modules())
+    for m in backbone.modules():  # a unit holds whole foldable blocks, never part of one
+        if is_foldable_block(m) and type(m).__name__ != block:
+            assert not any(type(d).__name__ == block for d in m.modules())
