@@ -124,9 +124,17 @@ def cls_inputs():
 
 
 def shrink(cfg):
-    """Test-time budget: small padding, few proposals. The architecture is untouched."""
+    """Test-time budget: small padding, few proposals, narrow segmentation heads. The
+    architecture is untouched: the channels the heads take from the backbone (``in_channels``,
+    checked by shrink_backbone) and every layer stay; only the width inside mmseg's heads
+    (``channels``: 512 and 256 in every config, mmseg's UperNet default) is 32, which otherwise
+    takes most of a segmentation config's time."""
     if cfg.default_scope == 'mmseg':
         cfg.model.data_preprocessor.size = (H, W)
+        for key in ('decode_head', 'auxiliary_head'):
+            heads = cfg.model.get(key) or []
+            for head in heads if isinstance(heads, list) else [heads]:
+                head.channels = min(head.channels, 32)
     for key in ('train_cfg', 'test_cfg'):
         stage = cfg.model.get(key) or {}
         for name in ('rpn_proposal', 'rpn'):
