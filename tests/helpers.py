@@ -341,9 +341,9 @@ def fresh_mmengine_instances():
                         handler.close()
 
 
-def run_script_here(script: str, *args, ok: bool = True):
-    """``python SCRIPT ARGS`` from the repository root as ``run_tool`` runs it, but in this
-    process, without the interpreter start and the imports (torch, mmengine, mmdet, ...) a
+def run_script_here(script: str, *args, ok: bool = True, cwd: str = ROOT):
+    """``python SCRIPT ARGS`` from ``cwd`` (the repository root) as ``run_tool`` runs it, but in
+    this process, without the interpreter start and the imports (torch, mmengine, mmdet, ...) a
     subprocess pays: the script's ``main()`` with ``sys.argv`` as the interpreter sets it, its
     standard output and error captured. Asserts it succeeded (``ok``) or stopped with an error,
     as ``run_tool`` asserts the exit code; returns (what ``main`` returned, the output, with the
@@ -361,7 +361,7 @@ def run_script_here(script: str, *args, ok: bool = True):
     out, value, code = io.StringIO(), None, 0
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, 'argv', [osp.join(ROOT, script), *map(str, args)])
-        mp.chdir(ROOT)
+        mp.chdir(cwd)
         if 'LOCAL_RANK' in os.environ:
             mp.setenv('LOCAL_RANK', os.environ['LOCAL_RANK'])
         else:

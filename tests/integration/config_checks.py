@@ -157,10 +157,34 @@ def cls_inputs():
     )  # 3+ classes
 
 
+# the widths inside the heads (never what they take in): mmseg's ``channels``, the RoI heads'
+# convolutions and fully connected layers
+NARROW = dict(channels=32, conv_out_channels=32, fc_out_channels=64)
+
+
+def narrow(head):
+    for key, width in NARROW.items():
+        if key in head:
+            head[key] = min(head[key], width)
+
+
 def shrink(cfg):
-    """Test-time budget: small padding, few proposals. The architecture is untouched."""
+    """Test-time budget: small padding, few proposals, narrow heads. The architecture is
+    untouched: every layer stays, and so do the channels each head takes in (``in_channels``;
+    what it takes from the backbone is checked by shrink_backbone); only the heads' own widths
+    (NARROW: 512 / 256 / 1024 in the configs, the libraries' defaults) are small, which
+    otherwise take most of a segmentation or two-stage config's time."""
     if cfg.default_scope == 'mmseg':
         cfg.model.data_preprocessor.size = (H, W)
+        for key in ('decode_head', 'auxiliary_head'):
+            heads = cfg.model.get(key) or []
+            for head in heads if isinstance(heads, list) else [heads]:
+                narrow(head)
+    roi = cfg.model.get('roi_head') or {}
+    for key in ('bbox_head', 'mask_head'):
+        heads = roi.get(key) or []
+        for head in heads if isinstance(heads, list) else [heads]:
+            narrow(head)
     for key in ('train_cfg', 'test_cfg'):
         stage = cfg.model.get(key) or {}
         for name in ('rpn_proposal', 'rpn'):

@@ -113,6 +113,19 @@ def ade_like(root) -> str:
     return str(root)
 
 
+# a small RePa-Swin and narrow heads: the scripts and the hook are the point, not the size
+SMALL_UPERNET = {
+    'model.backbone.arch': None,
+    'model.backbone.embed_dims': 16,
+    'model.backbone.depths': [1, 1, 1, 1],
+    'model.backbone.num_heads': [1, 1, 2, 2],
+    'model.decode_head.in_channels': [16, 32, 64, 128],
+    'model.decode_head.channels': 32,
+    'model.auxiliary_head.in_channels': 64,
+    'model.auxiliary_head.channels': 16,
+}
+
+
 def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
     import torch
 
@@ -120,6 +133,7 @@ def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
 
     data = ade_like(tmp_path / 'ade')
     options = [
+        *(f'{key}={str(value).replace(" ", "")}' for key, value in SMALL_UPERNET.items()),
         'model.backbone.init_cfg=None',
         'model.decode_head.norm_cfg.type=BN',
         'model.auxiliary_head.norm_cfg.type=BN',
@@ -129,7 +143,7 @@ def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
         'test_dataloader.persistent_workers=False',
     ]
     # a randomly initialised segmentor, saved as a checkpoint (testing does not need training)
-    model = init_model(UPERNET)
+    model = init_model(UPERNET, cfg_options=SMALL_UPERNET)
     ckpt = str(tmp_path / 'random.pth')
     torch.save(dict(state_dict=model.state_dict(), meta=dict()), ckpt)
     script = own_test_script('mmseg')

@@ -18,7 +18,7 @@ from mmrepa.integrations.cli.inputs import (
     check_inputs,
     find_missing_inputs,
 )
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_script_here
 
 RETINANET = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_b_1x_coco.py')
 UPERNET = osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
@@ -34,6 +34,12 @@ def run_tool(cwd, tool, *args):
         text=True,
     )
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def run_here(cwd, tool, *args):
+    """``run_tool``'s run of the tool's ``main()`` in this process; (1, output) if it stopped."""
+    _, log = run_script_here(osp.join('tools', tool), *args, ok=False, cwd=str(cwd))
+    return 1, log
 
 
 def assert_refused_before_building(code, log, cwd):
@@ -65,9 +71,10 @@ def test_train_without_coco_and_weights_names_them_and_builds_nothing(tmp_path):
     ):
         assert f'\n{line}' in log, log[-3000:]
     assert log.count(README_SECTION) == log.count('\nmissing ')
-    # --resume without a checkpoint resumes from the work dir: load_from is not checked
-    code, log = run_tool(
-        str(tmp_path),
+    # --resume without a checkpoint resumes from the work dir: load_from is not checked (the
+    # same main() in this process: the process's exit and output are checked above)
+    code, log = run_here(
+        tmp_path,
         'train.py',
         RETINANET,
         '--resume',
@@ -91,7 +98,8 @@ def test_test_and_recalibrate_name_their_data_and_checkpoint(tmp_path):
         assert f'\n{line}' in log, log[-3000:]
     assert 'training' not in log and 'pretrained' not in log  # testing reads neither
 
-    code, log = run_tool(str(tmp_path), 'recalibrate_bn.py', UPERNET, 'epoch_1.pth', 'out.pth')
+    # in this process: the command line of the refusal is test.py's above
+    code, log = run_here(tmp_path, 'recalibrate_bn.py', UPERNET, 'epoch_1.pth', 'out.pth')
     assert_refused_before_building(code, log, tmp_path)
     assert f'\nmissing train image directory: {root}/images/training' in log
     assert '\nmissing checkpoint to recalibrate: epoch_1.pth' in log

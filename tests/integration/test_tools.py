@@ -208,12 +208,15 @@ SMALL_BACKBONE = [
     'model.backbone.num_heads=[1,1,2,2]',
     'model.backbone.init_cfg=None',
 ]
-# a two-stage detector (its RPN needs the image metas) and a segmentor, on small test images
+# a two-stage detector (its RPN needs the image metas) and a segmentor, on small test images;
+# 50 proposals, not 1000 (the box and mask heads on 1000 proposals were most of the time)
 SMALL_TEST_IMAGES = {
     'repa_swin/mask-rcnn_repa_swin_t_1x_coco.py': [
         'test_dataloader.dataset.pipeline.1.scale=(128,96)',
         *SMALL_BACKBONE,
         'model.neck.in_channels=[16,32,64,128]',
+        'model.test_cfg.rpn.nms_pre=100',
+        'model.test_cfg.rpn.max_per_img=50',
     ],
     'repa_swin/upernet_repa_swin_t_512x512_160k_ade20k.py': [
         'test_dataloader.dataset.pipeline.1.scale=(128,96)',
