@@ -66,6 +66,48 @@ MODELS = (
         'RePaFormer Table 1 (A6000, batch 128)',
     ),
     Model(
+        'RePa-DeiT-T',
+        'configs/repa_vit/repa_deit_t_32xb128_in1k.py',
+        84.1,
+        'RePaFormer Table 1 (A6000, batch 128)',
+    ),
+    Model(
+        'RePa-DeiT-S',
+        'configs/repa_vit/repa_deit_s_32xb128_in1k.py',
+        90.5,
+        'RePaFormer Table 1 (A6000, batch 128)',
+    ),
+    Model(
+        'RePa-DeiT-B',
+        'configs/repa_vit/repa_deit_b_32xb128_in1k.py',
+        95.9,
+        'RePaFormer Table 1 (A6000, batch 128)',
+    ),
+    Model(
+        'RePa-PoolFormer-S12',
+        'configs/poolformer/repa_poolformer_s12_32xb128_in1k.py',
+        111.1,
+        'RePaFormer Table 1 (A6000, batch 128)',
+    ),
+    Model(
+        'RePa-PoolFormer-S36',
+        'configs/poolformer/repa_poolformer_s36_32xb128_in1k.py',
+        119.1,
+        'RePaFormer Table 1 (A6000, batch 128)',
+    ),
+    Model(
+        'PRepBN-DeiT-T',
+        'configs/prepbn_vit/prepbn_deit_t_8xb128_in1k.py',
+        None,
+        'SLAB reports no folded/unfolded throughput',
+    ),
+    Model(
+        'PRepBN-PVT-T',
+        'configs/prepbn_pvt/prepbn_pvt_t_8xb128_in1k.py',
+        None,
+        'SLAB reports no folded/unfolded throughput',
+    ),
+    Model(
         'RePa-CAFormer-S18',
         'configs/metaformer/repa_caformer_s18_32xb128_in1k.py',
         None,
