@@ -316,16 +316,6 @@ class RePaViT(PlainViT):
         )
         self._setup_outputs(out_norm_cfg)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``)."""
-        x, hw_shape = self._embed(x)
-        outs = []
-        for i, block in enumerate(self.stages):
-            x = block(x, hw_shape)
-            if i in self.out_indices:
-                outs.append(self._format_output(i, x, hw_shape))
-        return tuple(outs)
-
     def _default_init(self) -> None:
         """ViT's initialisation (timm / DeiT): truncated normal (std .02) for the position
         embedding, class token and every Linear, identity norms."""
