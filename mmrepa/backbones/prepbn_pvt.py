@@ -8,7 +8,6 @@ computes no norm at all. With λ = 1 (pure LayerNorm, training mode) it is mmdet
 
 import math
 import re
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -30,7 +29,7 @@ from ..layers import (
     checkpoint_forward,
     from_linear_norm,
 )
-from ..options import check_int, per_stage_ratios
+from ..options import check_int, per_stage_ratios, pretrained_init_cfg
 from ..registry import build_norm_layer
 from .base import DenseBackbone, PRepBNBackbone, drop_path_rates, lookup_arch
 
@@ -544,16 +543,7 @@ def _translate_mmdet_args(args: dict, init_cfg: Optional[dict]) -> Optional[dict
                 f'{key}=True (a PVTv2 option) cannot be honoured: PRepBNPVT is PVT v1; '
                 f'set {key}=False'
             )
-    pretrained = args.get('pretrained')
-    if pretrained is not None:
-        if init_cfg is not None:
-            raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
-        warnings.warn(
-            'pretrained is deprecated (as in mmdet): use '
-            "init_cfg=dict(type='Pretrained', checkpoint=...)",
-            stacklevel=3,
-        )
-        init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+    init_cfg = pretrained_init_cfg(args.get('pretrained'), init_cfg)
     if isinstance(init_cfg, dict) and 'checkpoint' in init_cfg and 'type' not in init_cfg:
         init_cfg = dict(init_cfg, type='Pretrained')  # mmdet's PVT configs leave out the type
     return init_cfg

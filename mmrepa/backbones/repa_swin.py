@@ -6,7 +6,6 @@ loads its checkpoints unchanged.
 
 import math
 import re
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -26,7 +25,7 @@ from ..layers import (
     checkpoint_forward,
     shifted_window_mask,
 )
-from ..options import check_int, per_stage, per_stage_ratios
+from ..options import check_int, per_stage, per_stage_ratios, pretrained_init_cfg
 from ..registry import build_norm_layer
 from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
@@ -108,17 +107,7 @@ def _translate_mmdet_swin_args(
         )
     # pretrain_img_size only sizes mmdet's absolute position embedding, which is off; the
     # checkpoint layout (convert_weights) is recognised from the keys.
-    pretrained = args.get('pretrained')
-    if pretrained is not None:
-        if init_cfg is not None:
-            raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
-        warnings.warn(
-            'pretrained is deprecated (as in mmdet): use '
-            "init_cfg=dict(type='Pretrained', checkpoint=...)",
-            stacklevel=3,
-        )
-        init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-    return init_cfg
+    return pretrained_init_cfg(args.get('pretrained'), init_cfg)
 
 
 class RePaSwinBlock(Reparameterizable, BaseModule):
