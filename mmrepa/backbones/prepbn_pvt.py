@@ -21,7 +21,15 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError, ConfigTypeError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    affine_into_linear,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+    weight_and_bias,
+)
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
@@ -43,18 +51,10 @@ ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'm': 'medium'}
 ARCH_KEYS = ('embed_dims', 'num_layers', 'num_heads')
 
 
-def _linear_fold(layer: nn.Linear, scale, shift, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``layer(x * scale + shift)`` as one Linear: ``W diag(scale)``, ``b + W shift``."""
-    w = layer.weight.to(dtype)
-    b = layer.bias.to(dtype) if layer.bias is not None else w.new_zeros(w.shape[0])
-    return w * scale, b + w @ shift
-
-
 def _conv_fold(conv: nn.Conv2d, scale, shift, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """``conv(x * scale + shift)`` for a conv without padding (every tap sees a real input):
     ``W`` scaled per input channel, ``b + Σ_taps W shift``."""
-    w = conv.weight.to(dtype)
-    b = conv.bias.to(dtype) if conv.bias is not None else w.new_zeros(w.shape[0])
+    w, b = weight_and_bias(conv, dtype)
     return w * scale.view(1, -1, 1, 1), b + w.sum(dim=(2, 3)) @ shift
 
 
@@ -129,7 +129,7 @@ class SpatialReductionAttention(Reparameterizable, BaseModule):
         """An affine ``norm`` (``y * s + t``) into ``kv``."""
         if self.norm is None or not is_affine_norm(self.norm):
             return {}
-        w, b = _linear_fold(self.kv, *norm_affine(self.norm, dtype), dtype)
+        w, b = affine_into_linear(self.kv, *norm_affine(self.norm, dtype), dtype)
         return {'kv.weight': w, 'kv.bias': b}
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
@@ -208,7 +208,7 @@ class PVTBlock(Reparameterizable, BaseModule):
         out = {}
         for name in self._readers():
             layer = getattr(self.attn, name)
-            fold = _conv_fold if isinstance(layer, nn.Conv2d) else _linear_fold
+            fold = _conv_fold if isinstance(layer, nn.Conv2d) else affine_into_linear
             out[f'attn.{name}.weight'], out[f'attn.{name}.bias'] = fold(layer, scale, shift, dtype)
         return out
 

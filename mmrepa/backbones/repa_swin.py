@@ -15,7 +15,14 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+    weight_and_bias,
+)
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
@@ -187,8 +194,7 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
             return {}
         scale, shift = norm_affine(self.norm1, dtype)
         qkv = self.attn.w_msa.qkv
-        w = qkv.weight.to(dtype)
-        b = qkv.bias.to(dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
+        w, b = weight_and_bias(qkv, dtype)
         padded = self.attn.padded_qkv
         return {
             'attn.w_msa.qkv.weight': w * scale,

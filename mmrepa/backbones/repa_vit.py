@@ -15,7 +15,14 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    affine_into_linear,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+)
 from ..layers import (
     ChannelIdleFFN,
     SimplifiedLinearAttention,
@@ -146,10 +153,8 @@ class RePaViTBlock(Reparameterizable, BaseModule):
         if self.norm1 is None or not is_affine_norm(self.norm1):
             return {}
         scale, shift = norm_affine(self.norm1, dtype)
-        qkv = self.attn.qkv
-        w = qkv.weight.to(dtype)
-        b = qkv.bias.to(dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
-        return {'attn.qkv.weight': w * scale, 'attn.qkv.bias': b + w @ shift}
+        w, b = affine_into_linear(self.attn.qkv, scale, shift, dtype)
+        return {'attn.qkv.weight': w, 'attn.qkv.bias': b}
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         if not tensors:
