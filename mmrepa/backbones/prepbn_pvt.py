@@ -33,8 +33,8 @@ from ..fold import (
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
+    PreNormBlock,
     channels_last_norm,
-    checkpoint_forward,
     from_linear_norm,
 )
 from ..options import check_int, per_stage_ratios, pretrained_init_cfg
@@ -138,7 +138,7 @@ class SpatialReductionAttention(Reparameterizable, BaseModule):
             _with_bias(self.kv)
 
 
-class PVTBlock(Reparameterizable, BaseModule):
+class PVTBlock(PreNormBlock):
     """``x + attn(norm1(x))`` then the FFN (which owns its norm ``norm1`` and the shortcut).
 
     An affine ``norm1`` folds into everything that reads it: ``attn.q`` and ``attn.sr`` (or
@@ -182,21 +182,8 @@ class PVTBlock(Reparameterizable, BaseModule):
             self._apply_fold({}, FoldPolicy())
             self.deploy = True
 
-    def _forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        y = x if self.norm1 is None else channels_last_norm(self.norm1, x)
-        x = x + self.drop_path(self.attn(y, hw_shape))
-        return self.ffn(x)
-
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        if self.with_cp:
-            return checkpoint_forward(self, self._forward, x, hw_shape)
-        return self._forward(x, hw_shape)
-
     def _readers(self) -> List[str]:
         return ['q', 'sr' if self.attn.sr is not None else 'kv']
-
-    def fold_problems(self) -> List[str]:
-        return norm_fold_problems(self.norm1, 'norm1')
 
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
         """An affine ``norm1`` (``x * s + t``) into ``q`` and ``sr`` (or ``kv``); ``sr`` has no

@@ -5,30 +5,27 @@ With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly timm's / mmpretrain'
 """
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from mmcv.cnn.bricks.drop import DropPath
-from mmengine.model import BaseModule, ModuleList
+from mmengine.model import ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError
 from ..fold import (
     FoldPolicy,
-    Reparameterizable,
     affine_into_linear,
     is_affine_norm,
     norm_affine,
-    norm_fold_problems,
 )
 from ..layers import (
     ChannelIdleFFN,
+    PreNormBlock,
     SimplifiedLinearAttention,
     WindowedSelfAttention,
-    channels_last_norm,
-    checkpoint_forward,
 )
 from ..layers.window_attention import attend_in_windows
 from ..options import check_unit_interval, head_dim
@@ -66,7 +63,7 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     return lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'), ARCH_ALIASES)
 
 
-class RePaViTBlock(Reparameterizable, BaseModule):
+class RePaViTBlock(PreNormBlock):
     """Pre-norm ViT block: ``x + attn(norm1(x))``, then the FFN (which owns its norm and
     shortcut, :class:`~mmrepa.layers.ChannelIdleFFN`).
 
@@ -133,20 +130,6 @@ class RePaViTBlock(Reparameterizable, BaseModule):
         if self.window_size is None:
             return self.attn._attend(y)
         return attend_in_windows(self.attn._attend, y.view(B, *hw_shape, C), self.window_size)
-
-    def _forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        y = x if self.norm1 is None else channels_last_norm(self.norm1, x)
-        x = x + self.drop_path(self._mix(y, hw_shape).reshape(x.shape))
-        return self.ffn(x)
-
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        if self.with_cp:
-            return checkpoint_forward(self, self._forward, x, hw_shape)
-        return self._forward(x, hw_shape)
-
-    def fold_problems(self) -> List[str]:
-        """An affine ``norm1`` must have finite running statistics."""
-        return norm_fold_problems(self.norm1, 'norm1')
 
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
         """An affine ``norm1`` (``x * s + t``) into ``qkv``: ``W s``, ``b + W t``."""
