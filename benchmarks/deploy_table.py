@@ -182,9 +182,9 @@ def measure(
     return out
 
 
-def measure_full_width(repeat: int, tmp: str) -> dict:
-    """FULL_WIDTH_CONFIG at FULL_WIDTH with random weights and BatchNorm statistics: latency
-    and SQNR, no metric."""
+def full_width_model() -> torch.nn.Module:
+    """FULL_WIDTH_CONFIG at FULL_WIDTH with random weights and BatchNorm statistics away from
+    0 / 1 (seeded), so that folding them changes the weights as a trained model's would."""
     from mmrepa.apis import init_model, load_config
 
     model = init_model(load_config(FULL_WIDTH_CONFIG, FULL_WIDTH))
@@ -193,6 +193,12 @@ def measure_full_width(repeat: int, tmp: str) -> dict:
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.running_mean.normal_(0, 0.1, generator=g)
             m.running_var.uniform_(0.5, 2, generator=g)
+    return model
+
+
+def measure_full_width(repeat: int, tmp: str) -> dict:
+    """:func:`full_width_model`: latency and SQNR, no metric."""
+    model = full_width_model()
     ckpt = osp.join(tmp, 'full_width.pth')
     torch.save(dict(state_dict=model.state_dict()), ckpt)
     return dict(

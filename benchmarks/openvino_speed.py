@@ -47,22 +47,14 @@ from mmrepa.utils.machine import finish, machine_info
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from demo_models import ROOT, threads_from_env  # noqa: E402
-from deploy_table import FULL_WIDTH, FULL_WIDTH_CONFIG  # noqa: E402
+from deploy_table import full_width_model  # noqa: E402
 
 FORMS = ('unfolded', 'folded')
 
 
 def full_width_backbone():
-    from mmrepa.apis import init_model, load_config
-
     torch.manual_seed(0)
-    model = init_model(load_config(FULL_WIDTH_CONFIG, FULL_WIDTH))
-    g = torch.Generator().manual_seed(0)
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            m.running_mean.normal_(0, 0.1, generator=g)
-            m.running_var.uniform_(0.5, 2, generator=g)
-    unfolded = model.backbone.eval()
+    unfolded = full_width_model().backbone.eval()
     return dict(unfolded=unfolded, folded=reparameterize(copy.deepcopy(unfolded)))
 
 

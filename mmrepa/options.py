@@ -1,5 +1,6 @@
 """Checks of config options that many modules share, with one wording each."""
 
+import warnings
 from typing import Any, Optional
 
 from .errors import ConfigError
@@ -60,3 +61,19 @@ def per_stage_ratios(value: Any, num_stages: int, name: str) -> list:
                 f'{name} must be in [0, 1] (one value or one per stage), got {value!r}'
             )
     return values
+
+
+def pretrained_init_cfg(pretrained: Optional[str], init_cfg: Optional[dict]) -> Optional[dict]:
+    """mmdet's deprecated ``pretrained=PATH`` as the ``init_cfg`` to use, with mmdet's warning.
+    Called from a backbone's translation of mmdet arguments inside its ``__init__``: the warning
+    points at the code that built the backbone."""
+    if pretrained is None:
+        return init_cfg
+    if init_cfg is not None:
+        raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
+    warnings.warn(
+        "pretrained is deprecated (as in mmdet): use init_cfg=dict(type='Pretrained', "
+        'checkpoint=...)',
+        stacklevel=4,
+    )
+    return dict(type='Pretrained', checkpoint=pretrained)

@@ -5,62 +5,14 @@
 # weight decay 0.05), steps at 22/25 and 24/25 of training, 250 warm-up iterations. The
 # backbone's BatchNorms (in the RePa FFNs) stay frozen (norm_eval); it is fine-tuned unfolded
 # and folded for testing (tools/test.py --reparam). No result in the paper.
-_base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::common/lsj-100e_coco-instance.py',
-    '../_base_/models/repa_vit.py',
-]
-custom_imports = dict(imports=['mmrepa'], allow_failed_imports=False)
+_base_ = ['../_base_/vitdet_mask-rcnn_lsj-100e_coco.py', '../_base_/models/repa_vit.py']
 
 pretrained = 'work_dirs/repa_deit_s_32xb128_in1k/epoch_300.pth'
-image_size = (640, 640)
 model = dict(
-    data_preprocessor=dict(pad_size_divisor=32),
     backbone=dict(
         _base_.repa_vit_backbone,
         _delete_=True,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained),
     ),
-    neck=dict(_delete_=True, type='SimpleFPN', in_channels=384, out_channels=256, num_outs=5),
+    neck=dict(in_channels=384),
 )
-
-train_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(type='RandomResize', scale=image_size, ratio_range=(0.1, 2.0), keep_ratio=True),
-    dict(
-        type='RandomCrop',
-        crop_type='absolute_range',
-        crop_size=image_size,
-        recompute_bbox=True,
-        allow_negative_crop=True,
-    ),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs'),
-]
-test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=image_size, keep_ratio=True),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(
-        type='PackDetInputs',
-        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'),
-    ),
-]
-train_dataloader = dict(batch_size=8, dataset=dict(dataset=dict(pipeline=train_pipeline)))
-val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
-test_dataloader = val_dataloader
-
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0, bias_decay_mult=0.0, custom_keys={'pos_embed': dict(decay_mult=0.0)}
-    ),
-)
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=250),
-    dict(type='MultiStepLR', begin=0, end=25, by_epoch=True, milestones=[22, 24], gamma=0.1),
-]

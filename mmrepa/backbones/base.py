@@ -199,6 +199,19 @@ class PRepBNBackbone:
                 f'(PRepBN, RepBN), got {prepbn_cfg}'
             )
 
+    def _prepbn_options(self, prepbn_cfg: dict, kwargs: dict, parent: str) -> dict:
+        """``kwargs`` for the RePa ``parent`` with every norm ``prepbn_cfg``: ``norm_cfg``, and
+        ``ffn_norm='LN'`` (the FFN's pre-norm is ``norm_cfg``, no hidden norm). Called before
+        the parent's ``__init__``; refuses ``kwargs`` that set either."""
+        for key in ('norm_cfg', 'ffn_norm'):
+            if key in kwargs:
+                raise ConfigError(
+                    f'{type(self).__name__} sets {key} itself (every norm inside the network is '
+                    f'prepbn_cfg); give prepbn_cfg instead, or use {parent}'
+                )
+        self._check_prepbn_cfg(prepbn_cfg)
+        return dict(kwargs, ffn_norm='LN', norm_cfg=prepbn_cfg)
+
     def prepbn_layers(self) -> List[PRepBN]:
         """Every PRepBN of the backbone (none once folded)."""
         return [m for m in self.modules() if isinstance(m, PRepBN)]

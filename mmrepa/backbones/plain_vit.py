@@ -137,6 +137,20 @@ class PlainViT(DenseBackbone):
         )
         return self.drop_after_pos(x), hw_shape
 
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``)."""
+        x, hw_shape = self._embed(x)
+        outs = []
+        for i, block in enumerate(self.stages):
+            x = self._run_block(block, x, hw_shape)
+            if i in self.out_indices:
+                outs.append(self._format_output(i, x, hw_shape))
+        return tuple(outs)
+
+    def _run_block(self, block: nn.Module, x: torch.Tensor, hw_shape) -> torch.Tensor:
+        """One block; a subclass whose blocks do not checkpoint themselves wraps it here."""
+        return block(x, hw_shape)
+
     def _format_output(self, i: int, x: torch.Tensor, hw_shape) -> torch.Tensor:
         norm = getattr(self, f'norm{i}')
         if self.out_type == 'cls':

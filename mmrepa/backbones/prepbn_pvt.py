@@ -8,7 +8,6 @@ computes no norm at all. With λ = 1 (pure LayerNorm, training mode) it is mmdet
 
 import math
 import re
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -22,15 +21,23 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError, ConfigTypeError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    affine_into_linear,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+    weight_and_bias,
+)
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
+    PreNormBlock,
     channels_last_norm,
-    checkpoint_forward,
     from_linear_norm,
 )
-from ..options import check_int, per_stage_ratios
+from ..options import check_int, per_stage_ratios, pretrained_init_cfg
 from ..registry import build_norm_layer
 from .base import DenseBackbone, PRepBNBackbone, drop_path_rates, lookup_arch
 
@@ -44,18 +51,10 @@ ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'm': 'medium'}
 ARCH_KEYS = ('embed_dims', 'num_layers', 'num_heads')
 
 
-def _linear_fold(layer: nn.Linear, scale, shift, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``layer(x * scale + shift)`` as one Linear: ``W diag(scale)``, ``b + W shift``."""
-    w = layer.weight.to(dtype)
-    b = layer.bias.to(dtype) if layer.bias is not None else w.new_zeros(w.shape[0])
-    return w * scale, b + w @ shift
-
-
 def _conv_fold(conv: nn.Conv2d, scale, shift, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """``conv(x * scale + shift)`` for a conv without padding (every tap sees a real input):
     ``W`` scaled per input channel, ``b + Σ_taps W shift``."""
-    w = conv.weight.to(dtype)
-    b = conv.bias.to(dtype) if conv.bias is not None else w.new_zeros(w.shape[0])
+    w, b = weight_and_bias(conv, dtype)
     return w * scale.view(1, -1, 1, 1), b + w.sum(dim=(2, 3)) @ shift
 
 
@@ -130,7 +129,7 @@ class SpatialReductionAttention(Reparameterizable, BaseModule):
         """An affine ``norm`` (``y * s + t``) into ``kv``."""
         if self.norm is None or not is_affine_norm(self.norm):
             return {}
-        w, b = _linear_fold(self.kv, *norm_affine(self.norm, dtype), dtype)
+        w, b = affine_into_linear(self.kv, *norm_affine(self.norm, dtype), dtype)
         return {'kv.weight': w, 'kv.bias': b}
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
@@ -139,7 +138,7 @@ class SpatialReductionAttention(Reparameterizable, BaseModule):
             _with_bias(self.kv)
 
 
-class PVTBlock(Reparameterizable, BaseModule):
+class PVTBlock(PreNormBlock):
     """``x + attn(norm1(x))`` then the FFN (which owns its norm ``norm1`` and the shortcut).
 
     An affine ``norm1`` folds into everything that reads it: ``attn.q`` and ``attn.sr`` (or
@@ -183,21 +182,8 @@ class PVTBlock(Reparameterizable, BaseModule):
             self._apply_fold({}, FoldPolicy())
             self.deploy = True
 
-    def _forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        y = x if self.norm1 is None else channels_last_norm(self.norm1, x)
-        x = x + self.drop_path(self.attn(y, hw_shape))
-        return self.ffn(x)
-
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        if self.with_cp:
-            return checkpoint_forward(self, self._forward, x, hw_shape)
-        return self._forward(x, hw_shape)
-
     def _readers(self) -> List[str]:
         return ['q', 'sr' if self.attn.sr is not None else 'kv']
-
-    def fold_problems(self) -> List[str]:
-        return norm_fold_problems(self.norm1, 'norm1')
 
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
         """An affine ``norm1`` (``x * s + t``) into ``q`` and ``sr`` (or ``kv``); ``sr`` has no
@@ -209,7 +195,7 @@ class PVTBlock(Reparameterizable, BaseModule):
         out = {}
         for name in self._readers():
             layer = getattr(self.attn, name)
-            fold = _conv_fold if isinstance(layer, nn.Conv2d) else _linear_fold
+            fold = _conv_fold if isinstance(layer, nn.Conv2d) else affine_into_linear
             out[f'attn.{name}.weight'], out[f'attn.{name}.bias'] = fold(layer, scale, shift, dtype)
         return out
 
@@ -544,16 +530,7 @@ def _translate_mmdet_args(args: dict, init_cfg: Optional[dict]) -> Optional[dict
                 f'{key}=True (a PVTv2 option) cannot be honoured: PRepBNPVT is PVT v1; '
                 f'set {key}=False'
             )
-    pretrained = args.get('pretrained')
-    if pretrained is not None:
-        if init_cfg is not None:
-            raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
-        warnings.warn(
-            'pretrained is deprecated (as in mmdet): use '
-            "init_cfg=dict(type='Pretrained', checkpoint=...)",
-            stacklevel=3,
-        )
-        init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+    init_cfg = pretrained_init_cfg(args.get('pretrained'), init_cfg)
     if isinstance(init_cfg, dict) and 'checkpoint' in init_cfg and 'type' not in init_cfg:
         init_cfg = dict(init_cfg, type='Pretrained')  # mmdet's PVT configs leave out the type
     return init_cfg

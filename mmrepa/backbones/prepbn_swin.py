@@ -11,7 +11,6 @@ import torch
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
-from ..errors import ConfigError
 from ..layers import from_linear_norm
 from .base import PRepBNBackbone
 from .repa_swin import RePaSwin, checkpoint_filter_fn
@@ -63,17 +62,8 @@ class PRepBNSwin(PRepBNBackbone, RePaSwin):
         prepbn_cfg: dict = dict(type='PRepBN'),
         **kwargs,
     ):
-        for key in ('norm_cfg', 'ffn_norm'):
-            if key in kwargs:
-                raise ConfigError(
-                    f'PRepBNSwin sets {key} itself (every norm inside the network is '
-                    f'prepbn_cfg); give prepbn_cfg instead, or use RePaSwin'
-                )
-        self._check_prepbn_cfg(prepbn_cfg)
-        # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN) and it has no hidden norm
-        super().__init__(
-            arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg, **kwargs
-        )
+        kwargs = self._prepbn_options(prepbn_cfg, kwargs, 'RePaSwin')
+        super().__init__(arch=arch, idle_ratio=idle_ratio, **kwargs)
         # In eval mode a RepBN does not normalise until its statistics are learned; with
         # PyTorch's default Linear init the residual stream then grows so large that the
         # attention turns chaotic. Start from Swin's init (init_weights applies it again or

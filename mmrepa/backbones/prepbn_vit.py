@@ -10,7 +10,7 @@ from typing import Dict, Union
 import torch
 from mmengine.registry import MODELS
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from .base import PRepBNBackbone
 from .repa_vit import RePaViT, checkpoint_filter_fn
 
@@ -53,17 +53,8 @@ class PRepBNViT(PRepBNBackbone, RePaViT):
         prepbn_cfg: dict = dict(type='PRepBN', eps=1e-6),
         **kwargs,
     ):
-        for key in ('norm_cfg', 'ffn_norm'):
-            if key in kwargs:
-                raise ConfigError(
-                    f'PRepBNViT sets {key} itself (every norm inside the network is '
-                    f'prepbn_cfg); give prepbn_cfg instead, or use RePaViT'
-                )
-        self._check_prepbn_cfg(prepbn_cfg)
-        # ffn_norm='LN': the FFN's pre-norm is norm_cfg (here PRepBN), no hidden norm
-        super().__init__(
-            arch=arch, idle_ratio=idle_ratio, ffn_norm='LN', norm_cfg=prepbn_cfg, **kwargs
-        )
+        kwargs = self._prepbn_options(prepbn_cfg, kwargs, 'RePaViT')
+        super().__init__(arch=arch, idle_ratio=idle_ratio, **kwargs)
         # an eval-mode RepBN does not normalise before its statistics are learned: start from
         # ViT's init (init_weights applies it again or loads a checkpoint), as PRepBNSwin
         self._default_init()

@@ -6,7 +6,6 @@ loads its checkpoints unchanged.
 
 import math
 import re
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -16,7 +15,14 @@ from mmengine.registry import MODELS
 
 from ..checkpoint.loading import resize_to_model, strip_prefixes
 from ..errors import ConfigError, ConfigTypeError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+    weight_and_bias,
+)
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
@@ -26,7 +32,7 @@ from ..layers import (
     checkpoint_forward,
     shifted_window_mask,
 )
-from ..options import check_int, per_stage, per_stage_ratios
+from ..options import check_int, per_stage, per_stage_ratios, pretrained_init_cfg
 from ..registry import build_norm_layer
 from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
@@ -108,17 +114,7 @@ def _translate_mmdet_swin_args(
         )
     # pretrain_img_size only sizes mmdet's absolute position embedding, which is off; the
     # checkpoint layout (convert_weights) is recognised from the keys.
-    pretrained = args.get('pretrained')
-    if pretrained is not None:
-        if init_cfg is not None:
-            raise ConfigError('give the checkpoint either as init_cfg or as pretrained, not both')
-        warnings.warn(
-            'pretrained is deprecated (as in mmdet): use '
-            "init_cfg=dict(type='Pretrained', checkpoint=...)",
-            stacklevel=3,
-        )
-        init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-    return init_cfg
+    return pretrained_init_cfg(args.get('pretrained'), init_cfg)
 
 
 class RePaSwinBlock(Reparameterizable, BaseModule):
@@ -198,8 +194,7 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
             return {}
         scale, shift = norm_affine(self.norm1, dtype)
         qkv = self.attn.w_msa.qkv
-        w = qkv.weight.to(dtype)
-        b = qkv.bias.to(dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
+        w, b = weight_and_bias(qkv, dtype)
         padded = self.attn.padded_qkv
         return {
             'attn.w_msa.qkv.weight': w * scale,

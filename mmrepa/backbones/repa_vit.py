@@ -5,23 +5,27 @@ With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly timm's / mmpretrain'
 """
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from mmcv.cnn.bricks.drop import DropPath
-from mmengine.model import BaseModule, ModuleList
+from mmengine.model import ModuleList
 from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    affine_into_linear,
+    is_affine_norm,
+    norm_affine,
+)
 from ..layers import (
     ChannelIdleFFN,
+    PreNormBlock,
     SimplifiedLinearAttention,
     WindowedSelfAttention,
-    channels_last_norm,
-    checkpoint_forward,
 )
 from ..layers.window_attention import attend_in_windows
 from ..options import check_unit_interval, head_dim
@@ -59,7 +63,7 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     return lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'), ARCH_ALIASES)
 
 
-class RePaViTBlock(Reparameterizable, BaseModule):
+class RePaViTBlock(PreNormBlock):
     """Pre-norm ViT block: ``x + attn(norm1(x))``, then the FFN (which owns its norm and
     shortcut, :class:`~mmrepa.layers.ChannelIdleFFN`).
 
@@ -127,29 +131,13 @@ class RePaViTBlock(Reparameterizable, BaseModule):
             return self.attn._attend(y)
         return attend_in_windows(self.attn._attend, y.view(B, *hw_shape, C), self.window_size)
 
-    def _forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        y = x if self.norm1 is None else channels_last_norm(self.norm1, x)
-        x = x + self.drop_path(self._mix(y, hw_shape).reshape(x.shape))
-        return self.ffn(x)
-
-    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        if self.with_cp:
-            return checkpoint_forward(self, self._forward, x, hw_shape)
-        return self._forward(x, hw_shape)
-
-    def fold_problems(self) -> List[str]:
-        """An affine ``norm1`` must have finite running statistics."""
-        return norm_fold_problems(self.norm1, 'norm1')
-
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
         """An affine ``norm1`` (``x * s + t``) into ``qkv``: ``W s``, ``b + W t``."""
         if self.norm1 is None or not is_affine_norm(self.norm1):
             return {}
         scale, shift = norm_affine(self.norm1, dtype)
-        qkv = self.attn.qkv
-        w = qkv.weight.to(dtype)
-        b = qkv.bias.to(dtype) if qkv.bias is not None else w.new_zeros(w.shape[0])
-        return {'attn.qkv.weight': w * scale, 'attn.qkv.bias': b + w @ shift}
+        w, b = affine_into_linear(self.attn.qkv, scale, shift, dtype)
+        return {'attn.qkv.weight': w, 'attn.qkv.bias': b}
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         if not tensors:
@@ -315,16 +303,6 @@ class RePaViT(PlainViT):
             ]
         )
         self._setup_outputs(out_norm_cfg)
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``)."""
-        x, hw_shape = self._embed(x)
-        outs = []
-        for i, block in enumerate(self.stages):
-            x = block(x, hw_shape)
-            if i in self.out_indices:
-                outs.append(self._format_output(i, x, hw_shape))
-        return tuple(outs)
 
     def _default_init(self) -> None:
         """ViT's initialisation (timm / DeiT): truncated normal (std .02) for the position

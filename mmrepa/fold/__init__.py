@@ -4,11 +4,13 @@ its own and foreign conventions (:mod:`.protocol`), and the arithmetic the folds
 (:mod:`.arithmetic`). The protocol: ``docs/folding_protocol.md``."""
 
 from .arithmetic import (
+    affine_into_linear,
     batchnorm_affine,
     fold_dtype,
     is_affine_norm,
     norm_affine,
     norm_fold_problems,
+    weight_and_bias,
 )
 from .base import FoldPolicy, Reparameterizable, check_fold_state, check_fold_states
 from .checks import all_or_nothing, check_eval_mode, check_foldable, find_fold_problems, is_foldable
@@ -34,4 +36,6 @@ __all__ = [
     'is_affine_norm',
     'norm_affine',
     'norm_fold_problems',
+    'affine_into_linear',
+    'weight_and_bias',
 ]

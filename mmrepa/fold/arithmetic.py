@@ -75,3 +75,17 @@ def norm_affine(norm: nn.Module, dtype: torch.dtype) -> Optional[Tuple[torch.Ten
 def is_affine_norm(norm: nn.Module) -> bool:
     """Whether :func:`norm_affine` can fold ``norm`` (decided from its type, not its values)."""
     return isinstance(norm, _BatchNorm) or hasattr(norm, 'eval_affine')
+
+
+def weight_and_bias(layer: nn.Module, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A Linear's or conv's weight and bias in ``dtype``; zeros for a missing bias."""
+    w = layer.weight.to(dtype)
+    return w, layer.bias.to(dtype) if layer.bias is not None else w.new_zeros(w.shape[0])
+
+
+def affine_into_linear(
+    layer: nn.Linear, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``layer(x * scale + shift)`` as one Linear: ``W diag(scale)``, ``b + W shift``."""
+    w, b = weight_and_bias(layer, dtype)
+    return w * scale, b + w @ shift

@@ -10,6 +10,7 @@ from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .norm2d import GroupNorm1, LayerNorm2d
 from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
+from .prenorm_block import PreNormBlock
 from .prepbn import PRepBN, RepBN, from_linear_norm
 from .res_scale import LayerScale, ResScale
 from .sep_conv import SepConv
@@ -48,6 +49,7 @@ __all__ = [
     'SimplifiedLinearAttention',
     'FoldablePatchEmbed',
     'FoldablePatchMerging',
+    'PreNormBlock',
     'PRepBN',
     'RepBN',
     'from_linear_norm',

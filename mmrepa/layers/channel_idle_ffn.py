@@ -11,7 +11,14 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+    weight_and_bias,
+)
 from ..registry import MODELS, build_activation_layer, build_norm_layer
 from .activations import bare_activation, has_output_affine, output_affine
 
@@ -330,16 +337,11 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         a = self.active_channels
         fold_shortcut = self.shortcut_folded and not policy.identity_apart
 
-        def weight_and_bias(linear):
-            w = linear.weight.to(dtype)
-            b = linear.bias.to(dtype) if linear.bias is not None else w.new_zeros(w.shape[0])
-            return w, b
-
-        w_in, b_in = weight_and_bias(self.fc1)  # (h, C), (h,)
+        w_in, b_in = weight_and_bias(self.fc1, dtype)  # (h, C), (h,)
         if self.prenorm_folds:
             s1, t1 = norm_affine(self.norm1, dtype)
             w_in, b_in = w_in * s1, b_in + w_in @ t1
-        w_out, b_out = weight_and_bias(self.fc2)  # (C, h), (C,)
+        w_out, b_out = weight_and_bias(self.fc2, dtype)  # (C, h), (C,)
         if self.norm2 is not None:
             s2, t2 = norm_affine(self.norm2, dtype)
             w_out, b_out = w_out * s2, b_out + w_out @ t2

@@ -223,19 +223,16 @@ class DepthRepViT(PlainViT):
     # -- forward
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``)."""
-        x, hw_shape = self._embed(x)
-        outs = []
-        for i, block in enumerate(self.stages):
-            if self.with_cp:
-                x = checkpoint_forward(block, block, x, hw_shape)
-            else:
-                x = block(x, hw_shape)
-            if i in self.out_indices:
-                outs.append(self._format_output(i, x, hw_shape))
+        """As :meth:`PlainViT.forward`, then collects the diversity loss when training."""
+        outs = super().forward(x)
         if self.diversity_loss_weight > 0 and self.training:
             self._collect_diversity()
-        return tuple(outs)
+        return outs
+
+    def _run_block(self, block: nn.Module, x: torch.Tensor, hw_shape) -> torch.Tensor:
+        if self.with_cp:
+            return checkpoint_forward(block, block, x, hw_shape)
+        return block(x, hw_shape)
 
     # -- diversity loss
 

@@ -396,6 +396,7 @@ ABSTRACT = {
     'mmrepa.backbones.base.DenseBackbone',
     'mmrepa.backbones.plain_vit.PlainViT',
     'mmrepa.layers.patch_layers._NormFolding',
+    'mmrepa.layers.prenorm_block.PreNormBlock',
     'mmrepa.backbones.repopt_vgg.blocks._RepOptLayer',
     'mmrepa.backbones.metaformer._PoolFormerV2Body',
 }
