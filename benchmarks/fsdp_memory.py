@@ -128,13 +128,17 @@ def main():
     parser.add_argument('--ranks', type=int, nargs='+', default=[8, 16, 64])
     parser.add_argument('--out', help='also write the numbers to this JSON file')
     args = parser.parse_args()
+    from mmrepa.utils.machine import finish, machine_info
+
+    machine = machine_info()  # the counts do not depend on it; the file says where they came from
     results = [estimate(c, args.ranks) for c in args.configs]
     for r in results:
         print(table(r) + '\n')
     if args.out:
         from mmrepa.utils.files import write_json
 
-        write_json(results, args.out)
+        command = ' '.join(['python', *sys.argv])
+        write_json(dict(command=command, machine=finish(machine), results=results), args.out)
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ import torch.nn as nn
 from mmcv.cnn.bricks.drop import DropPath
 from mmcv.cnn.bricks.transformer import PatchEmbed
 from mmengine.model import BaseModule, ModuleList
-from mmengine.registry import MODELS, DefaultScope
+from mmengine.registry import MODELS
 
 from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError, InputError
@@ -118,7 +118,7 @@ class MLPMixer(DenseBackbone):
 
     A classification backbone: the token MLPs mix exactly the patches of ``img_size``, so the
     input size is fixed and there is one scale (stride ``patch_size``). It has no detection or
-    segmentation form; building it in an mmdet or mmseg scope is refused.
+    segmentation form: an input of another size than ``img_size`` is refused in one line.
 
     Each block is a stage of :class:`DenseBackbone`: ``out_indices`` and ``frozen_stages``
     count blocks (as mmpretrain's ``out_indices`` count layers; negative indices count from
@@ -177,13 +177,6 @@ class MLPMixer(DenseBackbone):
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
     ):
-        scope = DefaultScope.get_current_instance()
-        if scope is not None and scope.scope_name in ('mmdet', 'mmseg'):
-            raise ConfigError(
-                f'MLPMixer cannot be a {scope.scope_name} backbone: its token MLPs mix the '
-                'patches of one fixed image size at one scale; use it for classification '
-                '(mmpretrain), or RePaSwin / a MetaFormer for detection and segmentation'
-            )
         super().__init__(init_cfg=init_cfg)
         arch = resolve_arch(arch)
         self.arch = arch

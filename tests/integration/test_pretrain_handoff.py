@@ -149,7 +149,8 @@ def test_a_classifier_checkpoint_of_another_size_is_refused_by_name(trained):
     key = 'embed_dims' if 'embed_dims' in arch else 'dims'
     arch[key] = arch[key] * 2 if key == 'embed_dims' else tuple(d * 2 for d in arch[key])
     model = dense_model(FAMILIES[base][0][0], arch, checkpoint)
-    with pytest.raises(CheckpointError, match='another arch'):
+    # the MetaFormers name both archs, the others say it is another one
+    with pytest.raises(CheckpointError, match='another arch|the checkpoint is a .* the model a'):
         model.backbone.init_weights()
 
 

@@ -157,6 +157,7 @@ SDPA_METHODS = (
     'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._attend',
     'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._per_branch',
     'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._joined_logits',
+    'mmrepa.backbones.prepbn_pvt.SpatialReductionAttention.forward',
 )
 
 

@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-from mmengine.registry import DefaultScope
 
 from mmrepa import reparameterize
 from mmrepa.backbones import MLPMixer, RePaSwin
@@ -215,11 +214,7 @@ def test_bad_options_say_what_is_wrong(kwargs, message):
         MLPMixer(**kwargs)
 
 
-def test_other_input_sizes_and_dense_scopes_are_refused():
+def test_other_input_sizes_are_refused():
     model = MLPMixer(TINY, img_size=IMG)
     with pytest.raises(InputError, match='5x7 patches of 40x56 images'):
         model(torch.randn(1, 3, 48, 56))
-    for scope in ('mmdet', 'mmseg'):
-        with DefaultScope.overwrite_default_scope(scope):
-            with pytest.raises(ConfigError, match=f'cannot be a {scope} backbone'):
-                MLPMixer(TINY, img_size=IMG)

@@ -303,15 +303,6 @@ def _metaformer_block():
     return MetaFormerBlock(8, SepConv(8), idle_ratio=0.5, res_scale=True)
 
 
-def _classifier_scope(cls, *args, **kwargs):
-    """MLPMixer refuses an mmdet / mmseg default scope, which an earlier test's module
-    fixture (outside the per-test cleanup) may have left current."""
-    from mmengine.registry import DefaultScope
-
-    with DefaultScope.overwrite_default_scope('mmpretrain'):
-        return cls(*args, **kwargs)
-
-
 def _build(path: str):
     from mmrepa.backbones import (
         CAFormer,
@@ -339,9 +330,7 @@ def _build(path: str):
     pvt = dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))
     mixer = dict(embed_dims=8, num_layers=2, tokens_mlp_dims=8, channels_mlp_dims=16, patch_size=8)
     builders = {
-        'backbones.mlp_mixer.MLPMixer': lambda: _classifier_scope(
-            MLPMixer, mixer, img_size=32, idle_ratio=0.5
-        ),
+        'backbones.mlp_mixer.MLPMixer': lambda: MLPMixer(mixer, img_size=32, idle_ratio=0.5),
         'backbones.prepbn_pvt.PRepBNPVT': lambda: PRepBNPVT(pvt, pretrain_img_size=64),
         'backbones.prepbn_pvt.PVTBlock': lambda: PRepBNPVT(pvt).stages[0].blocks[0],
         'backbones.prepbn_pvt.SpatialReductionAttention': lambda: (
