@@ -61,8 +61,9 @@ def _worker(rank, port, out_dir):
 @pytest.fixture(scope='module')
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp('bn_ranks')
-    # fork: the children need not import torch and mmengine again
-    mp.start_processes(_worker, args=(free_port(), str(out)), nprocs=2, start_method='fork')
+    # spawn, not fork: a worker that ran an OpenVINO model or a process group before has
+    # thread pools that a forked child finds locked (the suite hung there)
+    mp.start_processes(_worker, args=(free_port(), str(out)), nprocs=2, start_method='spawn')
     return {
         name: [torch.load(osp.join(out, f'{name}_rank{r}.pth')) for r in (0, 1)] for name in SPLITS
     }

@@ -860,8 +860,9 @@ def _ddp_worker(rank, port, out_dir):
 
 
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
+    # spawn, not fork: see test_hooks_bn_recalibration's two_ranks
     mp.start_processes(
-        _ddp_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method='fork'
+        _ddp_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method='spawn'
     )
     ranks = [torch.load(osp.join(tmp_path, f'rank{r}.pth')) for r in (0, 1)]
     single = ddp_run(1, 0)
