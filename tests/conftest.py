@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import os
 import os.path as osp
+import types
 
 import pytest
 import torch
@@ -49,6 +50,21 @@ def _memoize_external_config_paths():
 
 
 _memoize_external_config_paths()
+
+
+def _no_full_collection_per_dataset():
+    """mmengine's ``BaseDataset`` runs ``gc.collect()`` after serializing its annotations (to
+    free the list before dataloader workers fork). In a test worker whose heap holds every
+    library imported so far, one full collection takes ~1 s, and every Runner, tool run in
+    process and pipeline built here builds one to three data sets of a few images (a quantize
+    test alone: 19 collections, 17 s of its 54 s). The tests never fork a dataloader worker
+    (num_workers=0) and never measure memory: a no-op there, for the data set module only."""
+    from mmengine.dataset import base_dataset
+
+    base_dataset.gc = types.SimpleNamespace(collect=lambda generation=2: 0)
+
+
+_no_full_collection_per_dataset()
 
 
 # The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
