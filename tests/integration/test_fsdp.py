@@ -2,10 +2,11 @@
 
 One launch (tests/integration/fsdp_worker.py) trains a tiny RePa-Swin (BatchNorm FFNs,
 BNRecalibrationHook) and a tiny DepthRepViT (BranchJoinScheduleHook: λ reaches 1 at iteration
-3) for 4 iterations with DDP and with FSDP, tests both folded (ReparameterizeHook), and resumes
-the sharded run from its iteration-2 checkpoint. The reference is 2-process DDP, not one
-process: each rank's BatchNorm normalises with its own batch's statistics, which one process
-with the whole batch would not.
+3) for 4 iterations with DDP and with FSDP, tests both folded (ReparameterizeHook), resumes
+the sharded run from its iteration-2 checkpoint, and trains a tiny RepOpt-VGG with RepOptSGD
+and RepOptAdamW sharded and under DDP. The reference is 2-process DDP, not one process: each
+rank's BatchNorm normalises with its own batch's statistics, which one process with the whole
+batch would not.
 """
 
 import glob
@@ -121,6 +122,23 @@ def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
         assert torch.equal(v, r1['fsdp'][k]), k
     counts = {int(v) for k, v in r0['fsdp'].items() if k.endswith('num_batches_tracked')}
     assert counts == {2}  # one batch per rank, averaged
+
+
+@pytest.mark.parametrize('optimizer', ['sgd', 'adamw'])
+def test_repopt_optimizers_on_pieces_equal_ddp(launch, optimizer):
+    """Each rank's RepOpt optimizer multiplies its pieces of the kernels by their slices of the
+    multipliers, and the CSLA gradient norm it clips by (momentum / Adam moments, decay on the
+    kernels only) sums over the ranks: float64, so only the order of the sums differs."""
+    (ddp, ddp_norms), (fsdp, fsdp_norms) = (
+        launch[2][0]['repopt'][optimizer][k] for k in ('ddp', 'fsdp')
+    )
+    assert ddp.keys() == fsdp.keys()
+    for k, v in ddp.items():
+        assert torch.allclose(v, fsdp[k], rtol=1e-10, atol=1e-12), k
+    assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-12)
+    assert min(ddp_norms) > 0.05  # every step clipped (max_norm 0.05)
+    other = launch[2][1]['repopt'][optimizer]['fsdp'][0]
+    assert all(torch.equal(v, other[k]) for k, v in fsdp.items() if 'running' not in k)
 
 
 @pytest.mark.parametrize('strategy', ['DeepSpeedStrategy', 'FSDPStrategy'])
