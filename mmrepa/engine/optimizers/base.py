@@ -26,6 +26,9 @@ class RepOptOptimizer(Optimizer):
     A RepOpt optimizer never modifies ``p.grad``: the multiplier and the clipping act on a copy
     inside :meth:`step`, i.e. after DDP averaging, gradient accumulation and AMP unscaling
     (``GradScaler.step`` unscales before it calls ``step``).
+
+    Sharded training gives each rank pieces of the kernels: ``FoldableFSDPStrategy`` attaches
+    the matching slices of the scales and :meth:`set_shard_group`; nothing here knows FSDP.
     """
 
     def __init__(self, params, defaults: dict):
