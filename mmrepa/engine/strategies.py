@@ -7,7 +7,9 @@ mmengine's ``FSDPStrategy`` is used as it is except where it cannot work here: i
 ``device_id`` (both fail on a machine without CUDA, so CPU runs and CI could not shard at all),
 and nothing stops an auto-wrap policy from putting part of a foldable block in one unit and
 the rest in another. :class:`FoldableFSDPStrategy` changes those two steps and checks the
-wrapped model; everything else (state dicts, optimizer sharding, checkpoints) is mmengine's.
+wrapped model, builds the optimizer over whole tensors and gives a RepOpt optimizer the branch
+scales of its rank's pieces; everything else (state dicts, optimizer sharding, checkpoints) is
+mmengine's.
 """
 
 import contextlib

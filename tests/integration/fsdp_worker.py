@@ -98,13 +98,21 @@ def train_repopt(model, optim_wrapper):
     return norms
 
 
+def decays(model, optimizer):
+    names = {p: n.replace('_fsdp_wrapped_module.', '') for n, p in model.named_parameters()}
+    return {names[p]: g['weight_decay'] for g in optimizer.param_groups for p in g['params']}
+
+
 def repopt(name):
-    """``{ddp, fsdp}: (state dict, CSLA gradient norms)`` of one RepOpt optimizer."""
+    """``{ddp, fsdp}: (state dict, CSLA gradient norms, weight decay by parameter)`` of one
+    RepOpt optimizer."""
     cfg = dict(REPOPT, optimizer=REPOPT_OPTIMIZERS[name])
     out = {}
     ddp = DistributedDataParallel(RepOptNet())
-    norms = train_repopt(ddp, build_optim_wrapper(ddp, ConfigDict(cfg)))
-    out['ddp'] = ({k: v.clone() for k, v in ddp.module.state_dict().items()}, norms)
+    wrapper = build_optim_wrapper(ddp, ConfigDict(cfg))
+    norms = train_repopt(ddp, wrapper)
+    state = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    out['ddp'] = (state, norms, decays(ddp.module, wrapper.optimizer))
     strategy = FoldableFSDPStrategy(
         skip_init_weights=True,
         model_wrapper=dict(
@@ -116,7 +124,8 @@ def repopt(name):
     with FSDP.summon_full_params(model, writeback=False):
         state = {k: v.detach().clone() for k, v in model.named_parameters()}
     state.update((k, v.clone()) for k, v in model.named_buffers())
-    out['fsdp'] = ({k.replace('_fsdp_wrapped_module.', ''): v for k, v in state.items()}, norms)
+    state = {k.replace('_fsdp_wrapped_module.', ''): v for k, v in state.items()}
+    out['fsdp'] = (state, norms, decays(model, wrapper.optimizer))
     return out
 
 

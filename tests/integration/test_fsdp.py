@@ -128,10 +128,12 @@ def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
 def test_repopt_optimizers_on_pieces_equal_ddp(launch, optimizer):
     """Each rank's RepOpt optimizer multiplies its pieces of the kernels by their slices of the
     multipliers, and the CSLA gradient norm it clips by (momentum / Adam moments, decay on the
-    kernels only) sums over the ranks: float64, so only the order of the sums differs."""
-    (ddp, ddp_norms), (fsdp, fsdp_norms) = (
+    weights only) sums over the ranks: float64, so only the order of the sums differs."""
+    (ddp, ddp_norms, ddp_decays), (fsdp, fsdp_norms, fsdp_decays) = (
         launch[2][0]['repopt'][optimizer][k] for k in ('ddp', 'fsdp')
     )
+    # paramwise_cfg's flat_decay_mult went by the whole tensors' shapes, not the 1-D pieces'
+    assert fsdp_decays == ddp_decays and fsdp_decays['head.weight'] > 0
     assert ddp.keys() == fsdp.keys()
     for k, v in ddp.items():
         assert torch.allclose(v, fsdp[k], rtol=1e-10, atol=1e-12), k
@@ -206,6 +208,7 @@ def test_what_needs_whole_tensors_is_refused(optimizer, clip, message):
     from mmengine.optim import OptimWrapper
     from mmpretrain.engine.optimizers import Lamb
 
+    from mmrepa.engine.optimizers import RepOptAdamW, RepOptSGD
     from mmrepa.engine.strategies import _check_sharded_optimizer
     from mmrepa.errors import ConfigError
 
@@ -213,7 +216,8 @@ def test_what_needs_whole_tensors_is_refused(optimizer, clip, message):
     optim = Lamb(params) if optimizer == 'Lamb' else torch.optim.AdamW(params)
     with pytest.raises(ConfigError, match=message):
         _check_sharded_optimizer(OptimWrapper(optim, clip_grad=clip))
-    _check_sharded_optimizer(OptimWrapper(torch.optim.AdamW(params)))
+    for fine in (torch.optim.AdamW, RepOptSGD, RepOptAdamW):  # RepOpt: the strategy slices
+        _check_sharded_optimizer(OptimWrapper(fine(params)))
 
 
 @pytest.mark.parametrize(
