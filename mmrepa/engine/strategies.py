@@ -7,9 +7,12 @@ mmengine's ``FSDPStrategy`` is used as it is except where it cannot work here: i
 ``device_id`` (both fail on a machine without CUDA, so CPU runs and CI could not shard at all),
 and nothing stops an auto-wrap policy from putting part of a foldable block in one unit and
 the rest in another. :class:`FoldableFSDPStrategy` changes those two steps and checks the
-wrapped model; everything else (state dicts, optimizer sharding, checkpoints) is mmengine's.
+wrapped model, builds the optimizer over whole tensors and gives a RepOpt optimizer the branch
+scales of its rank's pieces; everything else (state dicts, optimizer sharding, checkpoints) is
+mmengine's.
 """
 
+import contextlib
 import copy
 import os
 import os.path as osp
@@ -183,42 +186,33 @@ class FoldableFSDPStrategy(FSDPStrategy):
         return wrapped
 
     def build_optim_wrapper(self, optim_wrapper, model=None):
-        wrapper = super().build_optim_wrapper(optim_wrapper, model)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from .optimizers import RepOptOptimizer
+
+        # a constructor sees whole tensors: mmengine's paramwise rules go by ndim (every piece
+        # is 1-D, so flat_decay_mult would take the decay of every weight) and the RepOpt one
+        # checks each kernel against its branch scales
+        whole = (
+            FSDP.summon_full_params(model, writeback=False)
+            if isinstance(optim_wrapper, dict)
+            else contextlib.nullcontext()
+        )
+        with whole:
+            wrapper = super().build_optim_wrapper(optim_wrapper, model)
         for optim in getattr(wrapper, 'values', lambda: [wrapper])():
             _check_sharded_optimizer(optim)
+            if isinstance(optim.optimizer, RepOptOptimizer):
+                _attach_pieces(optim.optimizer, model)
         return wrapper
 
     # --- plain sharded checkpoints ('sharded') -------------------------------------------------
 
     def _pieces(self) -> Dict[str, Tuple[nn.Parameter, List[int], int, int]]:
-        """``{name: (this rank's piece, full shape, start, end)}`` for every parameter: with
-        ``use_orig_params`` each original parameter is a view of its flat slice
-        ``[start, end)`` on this rank (FSDP's ``_shard_param_infos``, private: no public API
-        says where a rank's piece lies)."""
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        where = {}
-        for unit in self.model.modules():
-            handle = getattr(unit, '_handle', None) if isinstance(unit, FSDP) else None
-            if handle is None:
-                continue
-            flat = handle.flat_param
-            if getattr(flat, '_params', None) is None:
-                raise ConfigError(
-                    "state_dict_cfg='sharded' needs model_wrapper=dict(use_orig_params=True) "
-                    "(mmengine's default); set it back or use state_dict_cfg='full'"
-                )
-            for p, shape, info in zip(flat._params, flat._shapes, flat._shard_param_infos):
-                start, end = (
-                    (info.intra_param_start_idx, info.intra_param_end_idx + 1)
-                    if info.in_shard
-                    else (0, 0)
-                )
-                where[id(p)] = (list(shape), start, end)
+        """``{name: (this rank's piece, full shape, start, end)}`` for every parameter."""
+        where = _piece_ranges(self.model)
         return {
-            _clean(name): (p, *where[id(p)])
-            for name, p in self.model.named_parameters()
-            if id(p) in where
+            _clean(name): (p, *where[p]) for name, p in self.model.named_parameters() if p in where
         }
 
     def _buffers(self) -> List[Tuple[str, torch.Tensor]]:
@@ -334,19 +328,73 @@ class FoldableFSDPStrategy(FSDPStrategy):
     _model_cfg: Optional[dict] = None
 
 
+def _piece_ranges(model: nn.Module) -> Dict[nn.Parameter, Tuple[List[int], int, int]]:
+    """``{parameter: (full shape, start, end)}``: with ``use_orig_params`` each original
+    parameter is a view of entries ``[start, end)`` of its flattened whole on this rank
+    (FSDP's ``_shard_param_infos``, private: no public API says where a rank's piece lies)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    where = {}
+    for unit in model.modules():
+        handle = getattr(unit, '_handle', None) if isinstance(unit, FSDP) else None
+        if handle is None:
+            continue
+        flat = handle.flat_param
+        if getattr(flat, '_params', None) is None:
+            raise ConfigError(
+                'FoldableFSDPStrategy needs model_wrapper=dict(use_orig_params=True) '
+                "(mmengine's default) for state_dict_cfg='sharded' and the RepOpt optimizers; "
+                "set it back (or use state_dict_cfg='full' and another optimizer)"
+            )
+        for p, shape, info in zip(flat._params, flat._shapes, flat._shard_param_infos):
+            start, end = (
+                (info.intra_param_start_idx, info.intra_param_end_idx + 1)
+                if info.in_shard
+                else (0, 0)
+            )
+            where[p] = (list(shape), start, end)
+    return where
+
+
+def _attach_pieces(optimizer, model: nn.Module) -> None:
+    """Give a RepOpt optimizer the branch scales of this rank's pieces of its kernels, now
+    and whenever it rebuilds them, and make its CSLA gradient norm sum over the ranks.
+
+    This is the one place that knows where the pieces lie (FSDP's internals), so that the
+    optimizers stay unaware of sharding: they multiply entry by entry, and the slice of a
+    whole kernel's scales (:func:`scales_of_piece`) makes a piece's update exactly the
+    unsharded update, sliced. The scales are built from the gathered model (the layers give
+    them for whole kernels); they depend on buffers, which ``load_from`` or a resume may
+    change after the optimizer is built: the first step rebuilds them (a second gather).
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    from .optimizers import collect_branch_scales, scales_of_piece
+
+    kept = set(optimizer.repopt_params)  # what the constructor checked and attached
+    where = _piece_ranges(model)
+    names = {p: _clean(n) for n, p in model.named_parameters()}
+
+    def pieces():
+        with FSDP.summon_full_params(model, writeback=False):
+            whole = collect_branch_scales(model)
+        return {
+            p: scales_of_piece(a, where[p][1], where[p][2], p.shape)
+            for p, a in whole.items()
+            if p in kept
+        }
+
+    optimizer.attach_branch_scales(pieces(), names, source=pieces)
+    if model.sharding_strategy != ShardingStrategy.NO_SHARD:  # NO_SHARD: whole on every rank
+        optimizer.set_shard_group(model.process_group)
+
+
 def _check_sharded_optimizer(optim_wrapper) -> None:
     """Refuse what needs whole tensors on one rank: with ``use_orig_params`` every rank's
     optimizer sees its pieces of the parameters only, so a per-tensor norm is a piece's."""
-    from .optimizers.base import RepOptOptimizer
-
     optimizer = optim_wrapper.optimizer
     name = type(optimizer).__name__
-    if isinstance(optimizer, RepOptOptimizer):
-        raise ConfigError(
-            f'{name} under FoldableFSDPStrategy: its branch multipliers are shaped like whole '
-            'kernels, and sharded training gives each rank pieces; train RepOpt models with '
-            'DDP (the default Runner)'
-        )
     if name.lower() in ('lamb', 'lars'):
         raise ConfigError(
             f'{name} under FoldableFSDPStrategy: its per-tensor trust ratio would be computed on '

@@ -5,6 +5,8 @@ sharded checkpoint at 2 and 4) and test it folded; with CHECKS 'ddp' first train
 iterations with DDP (the unsharded reference: the same per-rank batches); with 'resume' also
 resume the sharded run from its iteration-2 checkpoint and train to 4. The runs start from one
 initial checkpoint (load_from: the sharded run loads an ordinary checkpoint into its shards).
+Then a tiny RepOpt-VGG (random per-channel constants) trains 4 iterations with RepOptSGD and
+with RepOptAdamW (CSLA clipping), sharded and under DDP, on the strategy without a Runner.
 Every rank saves what it ended with to WORK/rank{r}.pth for the test to compare. Last, an
 auto-wrap policy that splits a foldable block is tried, and its error message saved.
 
@@ -18,16 +20,35 @@ import sys
 
 import torch
 import torch.distributed as dist
-from mmengine.config import Config
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.config import Config, ConfigDict
 from mmengine.dist import get_rank
+from mmengine.logging import MessageHub
+from mmengine.optim import build_optim_wrapper
 from mmengine.runner import FlexibleRunner, Runner
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.nn.parallel import DistributedDataParallel
 
 import mmrepa  # noqa: F401
 from mmrepa.apis import build_model
-from mmrepa.engine.strategies import init_cpu_process_group
+from mmrepa.backbones import RepOptVGG
+from mmrepa.engine.strategies import FoldableFSDPStrategy, init_cpu_process_group
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.distributed import setup_cpu_distributed
-from tests.helpers import fresh_mmengine_instances
+from tests.helpers import REPOPT_VGG_TINY, fresh_mmengine_instances
+
+# momentum, decay (not on BN and biases: the paramwise rules must see whole tensors) and a
+# max_norm the CSLA gradient norm exceeds, so that the clipping acts
+REPOPT = dict(
+    constructor='RepOptOptimWrapperConstructor',
+    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, flat_decay_mult=0.0),
+    clip_grad=dict(type='csla', max_norm=0.05),
+)
+REPOPT_OPTIMIZERS = dict(
+    sgd=dict(type='RepOptSGD', lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    adamw=dict(type='RepOptAdamW', lr=0.01, weight_decay=0.05),
+)
 
 
 def config(path, work, name, **changes):
@@ -47,6 +68,65 @@ def sharded(path, work, name, blocks, test=True, **changes):
         runner = FlexibleRunner.from_cfg(cfg)
         runner.train()
         return runner, runner.strategy.full_model().state_dict(), test and runner.test()
+
+
+class RepOptNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)  # the same weights and constants on every rank
+        self.backbone = RepOptVGG(REPOPT_VGG_TINY, out_indices=(3,))
+        self.backbone.init_weights()
+        for layer in self.backbone.layers().values():
+            s, t, i = torch.rand(3, layer.out_channels) + 0.5
+            layer.set_scales(s, t, i)
+        self.head = nn.Linear(self.backbone.num_features[3], 3)
+        self.double()  # float64: the only difference to DDP is the order of the sums
+
+    def forward(self, x):
+        return self.head(self.backbone(x)[0].mean((2, 3)))
+
+
+def train_repopt(model, optim_wrapper):
+    """4 iterations, each rank its own batch; the CSLA gradient norm of each step."""
+    g = torch.Generator().manual_seed(get_rank())
+    norms = []
+    for _ in range(4):
+        x = torch.randn(2, 3, 16, 16, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 3, (2,), generator=g)
+        optim_wrapper.update_params(F.cross_entropy(model(x), y))
+        norms.append(MessageHub.get_current_instance().get_scalar('train/grad_norm').current())
+    return norms
+
+
+def decays(model, optimizer):
+    names = {p: n.replace('_fsdp_wrapped_module.', '') for n, p in model.named_parameters()}
+    return {names[p]: g['weight_decay'] for g in optimizer.param_groups for p in g['params']}
+
+
+def repopt(name):
+    """``{ddp, fsdp}: (state dict, CSLA gradient norms, weight decay by parameter)`` of one
+    RepOpt optimizer."""
+    cfg = dict(REPOPT, optimizer=REPOPT_OPTIMIZERS[name])
+    out = {}
+    ddp = DistributedDataParallel(RepOptNet())
+    wrapper = build_optim_wrapper(ddp, ConfigDict(cfg))
+    norms = train_repopt(ddp, wrapper)
+    state = {k: v.clone() for k, v in ddp.module.state_dict().items()}
+    out['ddp'] = (state, norms, decays(ddp.module, wrapper.optimizer))
+    strategy = FoldableFSDPStrategy(
+        skip_init_weights=True,
+        model_wrapper=dict(
+            auto_wrap_policy=dict(type='foldable_block_policy', block_types=['RepOptConvBN'])
+        ),
+    )
+    model, wrapper = strategy.prepare(RepOptNet(), optim_wrapper=ConfigDict(cfg))
+    norms = train_repopt(model, wrapper)
+    with FSDP.summon_full_params(model, writeback=False):
+        state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    state.update((k, v.clone()) for k, v in model.named_buffers())
+    state = {k.replace('_fsdp_wrapped_module.', ''): v for k, v in state.items()}
+    out['fsdp'] = (state, norms, decays(model, wrapper.optimizer))
+    return out
 
 
 def main(work, *named):
@@ -81,6 +161,7 @@ def main(work, *named):
                 path, work, f'{name}_resumed', blocks, test=False, resume=True, load_from=ckpt
             )
         out[name] = result
+    out['repopt'] = {name: repopt(name) for name in REPOPT_OPTIMIZERS}
     path = named[0].split('=')[1]
     try:  # one unit per Linear: inside the foldable blocks
         sharded(path, work, 'split', ['Linear'])

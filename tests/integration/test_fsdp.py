@@ -2,10 +2,11 @@
 
 One launch (tests/integration/fsdp_worker.py) trains a tiny RePa-Swin (BatchNorm FFNs,
 BNRecalibrationHook) and a tiny DepthRepViT (BranchJoinScheduleHook: λ reaches 1 at iteration
-3) for 4 iterations with DDP and with FSDP, tests both folded (ReparameterizeHook), and resumes
-the sharded run from its iteration-2 checkpoint. The reference is 2-process DDP, not one
-process: each rank's BatchNorm normalises with its own batch's statistics, which one process
-with the whole batch would not.
+3) for 4 iterations with DDP and with FSDP, tests both folded (ReparameterizeHook), resumes
+the sharded run from its iteration-2 checkpoint, and trains a tiny RepOpt-VGG with RepOptSGD
+and RepOptAdamW sharded and under DDP. The reference is 2-process DDP, not one process: each
+rank's BatchNorm normalises with its own batch's statistics, which one process with the whole
+batch would not.
 """
 
 import glob
@@ -123,6 +124,25 @@ def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
     assert counts == {2}  # one batch per rank, averaged
 
 
+@pytest.mark.parametrize('optimizer', ['sgd', 'adamw'])
+def test_repopt_optimizers_on_pieces_equal_ddp(launch, optimizer):
+    """Each rank's RepOpt optimizer multiplies its pieces of the kernels by their slices of the
+    multipliers, and the CSLA gradient norm it clips by (momentum / Adam moments, decay on the
+    weights only) sums over the ranks: float64, so only the order of the sums differs."""
+    (ddp, ddp_norms, ddp_decays), (fsdp, fsdp_norms, fsdp_decays) = (
+        launch[2][0]['repopt'][optimizer][k] for k in ('ddp', 'fsdp')
+    )
+    # paramwise_cfg's flat_decay_mult went by the whole tensors' shapes, not the 1-D pieces'
+    assert fsdp_decays == ddp_decays and fsdp_decays['head.weight'] > 0
+    assert ddp.keys() == fsdp.keys()
+    for k, v in ddp.items():
+        assert torch.allclose(v, fsdp[k], rtol=1e-10, atol=1e-12), k
+    assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-12)
+    assert min(ddp_norms) > 0.05  # every step clipped (max_norm 0.05)
+    other = launch[2][1]['repopt'][optimizer]['fsdp'][0]
+    assert all(torch.equal(v, other[k]) for k, v in fsdp.items() if 'running' not in k)
+
+
 @pytest.mark.parametrize('strategy', ['DeepSpeedStrategy', 'FSDPStrategy'])
 def test_a_strategy_that_cannot_run_here_is_one_line(launch, strategy):
     if torch.cuda.is_available():
@@ -188,6 +208,7 @@ def test_what_needs_whole_tensors_is_refused(optimizer, clip, message):
     from mmengine.optim import OptimWrapper
     from mmpretrain.engine.optimizers import Lamb
 
+    from mmrepa.engine.optimizers import RepOptAdamW, RepOptSGD
     from mmrepa.engine.strategies import _check_sharded_optimizer
     from mmrepa.errors import ConfigError
 
@@ -195,7 +216,8 @@ def test_what_needs_whole_tensors_is_refused(optimizer, clip, message):
     optim = Lamb(params) if optimizer == 'Lamb' else torch.optim.AdamW(params)
     with pytest.raises(ConfigError, match=message):
         _check_sharded_optimizer(OptimWrapper(optim, clip_grad=clip))
-    _check_sharded_optimizer(OptimWrapper(torch.optim.AdamW(params)))
+    for fine in (torch.optim.AdamW, RepOptSGD, RepOptAdamW):  # RepOpt: the strategy slices
+        _check_sharded_optimizer(OptimWrapper(fine(params)))
 
 
 @pytest.mark.parametrize(

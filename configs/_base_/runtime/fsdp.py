@@ -6,8 +6,8 @@
 #   strategy = dict(model_wrapper=dict(mixed_precision=dict(
 #       param_dtype='bfloat16', reduce_dtype='float32', buffer_dtype='float32')))
 # Activation checkpointing: the backbone's with_cp (BatchNorm statistics kept right), not
-# FSDP's activation_checkpointing. LAMB / LARS, clip_grad by norm and the RepOpt optimizers
-# need whole tensors and are refused: use AdamW.
+# FSDP's activation_checkpointing. LAMB / LARS and clip_grad by norm need whole tensors and
+# are refused: use AdamW. RepOptSGD / RepOptAdamW (and their CSLA clipping) work sharded.
 runner_type = 'FlexibleRunner'
 strategy = dict(
     type='FoldableFSDPStrategy',

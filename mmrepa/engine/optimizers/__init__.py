@@ -6,7 +6,7 @@ Registered in mmengine's root registries: ``RepOptSGD`` and ``RepOptAdamW`` in `
 """
 
 from .base import RepOptOptimizer
-from .branch_scales import branch_multiplier, collect_branch_scales
+from .branch_scales import branch_multiplier, collect_branch_scales, scales_of_piece
 from .constructor import RepOptOptimWrapperConstructor
 from .repopt_adamw import RepOptAdamW
 from .repopt_sgd import RepOptSGD
@@ -18,4 +18,5 @@ __all__ = [
     'RepOptOptimWrapperConstructor',
     'collect_branch_scales',
     'branch_multiplier',
+    'scales_of_piece',
 ]

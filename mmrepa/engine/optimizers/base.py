@@ -5,6 +5,7 @@ import math
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from mmengine.logging import MessageHub
 from torch.optim import Optimizer
@@ -25,6 +26,9 @@ class RepOptOptimizer(Optimizer):
     A RepOpt optimizer never modifies ``p.grad``: the multiplier and the clipping act on a copy
     inside :meth:`step`, i.e. after DDP averaging, gradient accumulation and AMP unscaling
     (``GradScaler.step`` unscales before it calls ``step``).
+
+    Sharded training gives each rank pieces of the kernels: ``FoldableFSDPStrategy`` attaches
+    the matching slices of the scales and :meth:`set_shard_group`; nothing here knows FSDP.
     """
 
     def __init__(self, params, defaults: dict):
@@ -34,6 +38,7 @@ class RepOptOptimizer(Optimizer):
         self._scale_source: Optional[Callable[[], BranchScales]] = None
         self._scale_names: Dict[nn.Parameter, str] = {}
         self.csla_clip: Optional[dict] = None
+        self.shard_group = None
 
     def __setstate__(self, state: dict) -> None:
         # torch pickles (and deep-copies) defaults, state and param_groups only: a copy must
@@ -43,6 +48,7 @@ class RepOptOptimizer(Optimizer):
         self.__dict__.setdefault('_scale_source', None)
         self.__dict__.setdefault('_scale_names', {})
         self.__dict__.setdefault('csla_clip', None)
+        self.__dict__.setdefault('shard_group', None)
 
     # --- branch scales ------------------------------------------------------------------------
 
@@ -75,7 +81,8 @@ class RepOptOptimizer(Optimizer):
                 raise ValueError(
                     f'RepOpt kernel {name!r} is not in any parameter group of '
                     f'{type(self).__name__}: build the optimizer over the same '
-                    'parameter objects (not a copy, not FSDP-flattened)'
+                    'parameter objects (not a copy, not FSDP-flattened; under sharding, '
+                    "FoldableFSDPStrategy attaches the scales of each rank's pieces)"
                 )
             stored[p] = self._prepare_scales(p, a.detach().to(p.device))
         self._repopt = stored
@@ -149,6 +156,12 @@ class RepOptOptimizer(Optimizer):
             raise ConfigError(f'csla clipping needs max_norm > 0, got {max_norm!r}')
         self.csla_clip = dict(max_norm=float(max_norm), error_if_nonfinite=bool(error_if_nonfinite))
 
+    def set_shard_group(self, group) -> None:
+        """Say that the parameters are pieces of tensors split over the ranks of the process
+        ``group`` (sharded training; the scales attached are those of the pieces): the CSLA
+        gradient norm then sums over the ranks. ``None``: each rank holds whole tensors."""
+        self.shard_group = group
+
     def _params_with_grad(self) -> Iterator[nn.Parameter]:
         for group in self.param_groups:
             for p in group['params']:
@@ -159,17 +172,24 @@ class RepOptOptimizer(Optimizer):
     def csla_grad_norm(self) -> torch.Tensor:
         """The gradient norm of the CSLA model (see :meth:`set_csla_clip`), a 0-dim tensor."""
         squares = []
+        # the sum's dtype from every parameter and multiplier, not from those with a gradient:
+        # under sharding every rank must all-reduce the same dtype, one with no piece too
+        dtypes = [p.dtype for group in self.param_groups for p in group['params']]
+        dtypes += [t.dtype for t in (self._repopt or {}).values()]
         for p in self._params_with_grad():
             if p.grad.is_sparse:
                 raise RuntimeError(f'{type(self).__name__} does not support sparse gradients')
             m = self.multiplier(p)
             g = p.grad.to(compute_dtype(p.grad.dtype, m.dtype if m is not None else p.dtype))
             squares.append((g * g * m).sum() if m is not None else (g * g).sum())
-        if not squares:
-            return torch.zeros(())
-        device = squares[0].device
-        dtype = compute_dtype(*(s.dtype for s in squares))
-        return torch.stack([s.to(device, dtype) for s in squares]).sum().sqrt()
+        dtype = compute_dtype(*dtypes)
+        device = squares[0].device if squares else self.param_groups[0]['params'][0].device
+        total = torch.stack(
+            [s.to(device, dtype) for s in squares] or [torch.zeros((), dtype=dtype, device=device)]
+        ).sum()
+        if self.shard_group is not None:
+            dist.all_reduce(total, group=self.shard_group)
+        return total.sqrt()
 
     def _clip_coef(self) -> Optional[torch.Tensor]:
         """The factor of every raw gradient at this step (None: no clipping). Called first in

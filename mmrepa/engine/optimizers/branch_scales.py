@@ -80,7 +80,9 @@ def collect_branch_scales(model: nn.Module) -> BranchScales:
     owner: Dict[nn.Parameter, str] = {}
     for mod_name, module in model.named_modules():
         fn = getattr(module, 'repopt_branch_scales', None)
-        if not callable(fn):
+        # a wrapper that forwards attribute lookups (FSDP, activation checkpointing) finds
+        # the method of the module it wraps: that module's, counted there
+        if not callable(fn) or getattr(fn, '__self__', module) is not module:
             continue
         for param, scales in fn().items():
             name = names.get(param)
@@ -124,3 +126,15 @@ def branch_multiplier(scales: torch.Tensor, dtype: Optional[torch.dtype] = None)
     dtype = compute_dtype(scales.dtype) if dtype is None else dtype
     a = scales.to(dtype)
     return (a * a).sum(0)
+
+
+def scales_of_piece(scales: torch.Tensor, start: int, end: int, shape) -> torch.Tensor:
+    """The branch scales of a piece of a kernel: entries ``[start, end)`` of the flattened
+    kernel, in the piece's ``shape`` (a copy: the whole kernel's scales are freed).
+
+    A rank of sharded training holds such pieces. Every multiplier and every update acts on
+    each kernel entry alone, so a piece updated with these scales is exactly the whole
+    kernel's update, sliced.
+    """
+    k = scales.shape[0]
+    return scales.reshape(k, -1)[:, start:end].reshape(k, *shape).clone()

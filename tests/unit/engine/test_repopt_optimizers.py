@@ -822,6 +822,67 @@ def test_bf16_autocast_keeps_multipliers_and_update_in_float32():
     assert torch.equal(w.detach(), expected)
 
 
+# --- sharded training: a rank's pieces --------------------------------------------------------
+
+# one kernel split over three ranks the way FSDP does (flattened, at arbitrary entries): the
+# first rank's piece is empty, the boundary at 77 falls inside an output channel
+PIECES = ((0, 0), (0, 77), (77, C2 * C * 9))
+
+
+@pytest.mark.parametrize(
+    'optimizer',
+    [
+        dict(type=RepOptSGD, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.05),
+        dict(type=RepOptAdamW, lr=0.01, weight_decay=0.05, amsgrad=True),
+    ],
+    ids=['sgd', 'adamw'],
+)
+def test_pieces_with_their_scales_step_as_the_whole_kernel_sliced(optimizer):
+    """Each rank steps its pieces with scales_of_piece's scales: the pieces joined are the
+    whole kernel stepped with the whole scales (bit for bit: every operation is per entry),
+    and a piece's multiplier is the naive whole multiplier, sliced."""
+    from mmrepa.engine.optimizers import scales_of_piece
+
+    g = torch.Generator().manual_seed(3)
+    # a different scale at every entry (exact zeros too): a piece given another entry's
+    # scales moves differently
+    scales = torch.randn(2, C2, C, 3, 3, generator=g, dtype=DT)
+    scales[1, :, :, 0] = 0.0
+    kind, kw = optimizer['type'], {k: v for k, v in optimizer.items() if k != 'type'}
+    whole = nn.Parameter(torch.randn(C2, C, 3, 3, generator=g, dtype=DT))
+    pieces = [nn.Parameter(whole.detach().reshape(-1)[a:b].clone()) for a, b in PIECES]
+    opt = kind([whole], **kw)
+    opt.attach_branch_scales({whole: scales})
+    ranks = []
+    for p, (a, b) in zip(pieces, PIECES):
+        ranks.append(kind([p], **kw))
+        ranks[-1].attach_branch_scales({p: scales_of_piece(scales, a, b, p.shape)})
+        naive = (scales * scales).sum(0).reshape(-1)[a:b]
+        assert torch.equal(ranks[-1].multiplier(p), naive)
+    for _ in range(3):
+        grad = torch.randn(whole.shape, generator=g, dtype=DT)
+        whole.grad = grad.clone()
+        opt.step()
+        for p, rank, (a, b) in zip(pieces, ranks, PIECES):
+            p.grad = grad.reshape(-1)[a:b].clone()
+            rank.step()
+    assert torch.equal(torch.cat([p.detach() for p in pieces]), whole.detach().reshape(-1))
+
+
+def test_a_wrapper_that_forwards_attribute_lookups_is_not_a_second_owner():
+    """FSDP and activation checkpointing wrap a layer in a module whose attribute lookups
+    reach the layer's: its scales are collected once, from the layer."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    target = make_target(make_csla())
+    expected = collect_branch_scales(target)
+    target.layers[0] = checkpoint_wrapper(target.layers[0])
+    assert callable(getattr(target.layers[0], 'repopt_branch_scales', None))
+    scales = collect_branch_scales(target)
+    assert list(scales) == list(expected)
+    assert all(torch.equal(scales[p], a) for p, a in expected.items())
+
+
 # --- (f) DDP --------------------------------------------------------------------------------
 
 
