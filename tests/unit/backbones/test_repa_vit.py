@@ -231,8 +231,8 @@ def test_published_sizes_have_the_papers_parameter_counts(size):
     before, after = PAPER_PARAMS[size]
     # the paper's rounding (0.1 M); ViT-H/14's patch embedding would be 0.23 M off. Folded
     # RePa-LV-ViT-S has 19.049 M, 832 parameters short of rounding to the paper's 19.1: a
-    # folded FFN with a bias on its output projection too (zero by construction, so mmrepa has
-    # none), 384 per block, would reach it
+    # folded FFN with a bias on its output projection too (384 per block; mmrepa's linear path
+    # carries that bias) would reach it
     slack = 0.051 if size == 'lv-vit-s' else 0.05
     assert abs(unfolded - before) <= 0.05, unfolded
     assert abs(folded - after) <= slack, folded
