@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from mmengine.model.weight_init import trunc_normal_
 
 from ..errors import CheckpointError, ConfigError
-from ..layers import FoldablePatchEmbed
+from ..layers import ConvPatchEmbed, FoldablePatchEmbed
 from .base import DenseBackbone
 
-OUT_TYPES = ('avg', 'cls', 'featmap')
+OUT_TYPES = ('avg', 'cls', 'featmap', 'raw')
 
 
 def resize_pos_embed(
@@ -52,6 +52,8 @@ class PlainViT(DenseBackbone):
       ``'cls_token'`` with ``final_norm``).
     - ``'featmap'``: (B, C, ⌈H/p⌉, ⌈W/p⌉) maps of the patch tokens for dense prediction
       (ViTDet: feed them to :class:`~mmrepa.necks.SimpleFPN`).
+    - ``'raw'``: (B, extra + h·w, C), every token normalized, the class token first
+      (mmpretrain's ``'raw'``; LV-ViT's token-labelling head reads the class and patch tokens).
     """
 
     stem_name = 'patch_embed'
@@ -73,8 +75,11 @@ class PlainViT(DenseBackbone):
         frozen_stages: int,
         norm_eval: bool,
         deploy: bool,
+        conv_stem: bool = False,
+        stem_channels: int = 64,
     ) -> List[Optional[int]]:
-        """Check the shared options, build the embeddings; returns each block's attention
+        """Check the shared options, build the embeddings (a patchifying conv, or with
+        ``conv_stem`` LV-ViT's convolutional embedding); returns each block's attention
         window (None: global)."""
         if out_type not in OUT_TYPES:
             raise ConfigError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
@@ -103,14 +108,19 @@ class PlainViT(DenseBackbone):
         self.patch_resolution = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_features = [embed_dims] * depth
 
-        self.patch_embed = FoldablePatchEmbed(
-            in_channels=in_channels,
-            embed_dims=embed_dims,
-            conv_type='Conv2d',
-            kernel_size=patch_size,
-            stride=patch_size,
-            norm_cfg=None,
-        )
+        if conv_stem:
+            self.patch_embed = ConvPatchEmbed(
+                in_channels, embed_dims, patch_size, stem_channels, deploy=deploy
+            )
+        else:
+            self.patch_embed = FoldablePatchEmbed(
+                in_channels=in_channels,
+                embed_dims=embed_dims,
+                conv_type='Conv2d',
+                kernel_size=patch_size,
+                stride=patch_size,
+                norm_cfg=None,
+            )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims)) if with_cls_token else None
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
         self.pos_embed = nn.Parameter(
@@ -155,6 +165,8 @@ class PlainViT(DenseBackbone):
         norm = getattr(self, f'norm{i}')
         if self.out_type == 'cls':
             return norm(x[:, 0])
+        if self.out_type == 'raw':
+            return norm(x)
         patches = x[:, self.num_extra_tokens :]
         if self.out_type == 'avg':
             return norm(patches.mean(dim=1))
@@ -229,7 +241,8 @@ def split_vit_layers(
 def final_norm_source(model: PlainViT, rest: Dict[str, torch.Tensor]) -> Optional[str]:
     """The checkpoint norm that plays the role of the last output norm: the pooled-feature
     norm for ``'avg'`` (timm ``fc_norm``, mmpretrain ``ln2``), the final norm for ``'cls'``
-    (timm ``norm``, mmpretrain ``ln1``). Feature maps get none (the dense head adds them)."""
+    and ``'raw'`` (timm ``norm``, mmpretrain ``ln1``). Feature maps get none (the dense head
+    adds them)."""
     if model.out_type == 'featmap' or not model.has_output_norm(model.out_indices[-1]):
         return None
     names = ('fc_norm', 'ln2') if model.out_type == 'avg' else ('norm', 'ln1')

@@ -63,7 +63,11 @@ class PRepBNViT(PRepBNBackbone, RePaViT):
         """:func:`~mmrepa.backbones.repa_vit.checkpoint_filter_fn`, then LayerNorm weights to
         the LN branches; a checkpoint with other BatchNorms (RePaViT's BN FFN) is refused."""
         state_dict = checkpoint_filter_fn(state_dict, self)
-        batchnorms = [k for k in state_dict if k.endswith('running_mean') and '.repbn.' not in k]
+        batchnorms = [
+            k
+            for k in state_dict
+            if k.endswith('running_mean') and '.repbn.' not in k and 'patch_embed.' not in k
+        ]  # the convolutional patch embedding (LV-ViT's) has its own
         if batchnorms and not self.deploy:
             raise CheckpointError(
                 f'not a PRepBNViT checkpoint: {batchnorms[0]!r} is a plain BatchNorm '

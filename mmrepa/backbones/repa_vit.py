@@ -20,6 +20,7 @@ from ..fold import (
     affine_into_linear,
     is_affine_norm,
     norm_affine,
+    weight_and_bias,
 )
 from ..layers import (
     ChannelIdleFFN,
@@ -38,13 +39,21 @@ from .plain_vit import PlainViT, fit_pos_embed, split_vit_layers, vit_embeddings
 # 59.8 G for L and 124.4 G for H at 224 px, are those of 14 x 14 = 196 tokens, i.e. patch 16
 # also for Huge, not ViT-H/14's 256 tokens). idle_ratio: 0.75 for every size, the paper's
 # default θ = 1 - μ/ρ with μ = 1, ρ = 4 (§4.1), with which all of Table 1 is trained.
+# LV-ViT-S / M (Jiang et al. 2021; RePaFormer Table 1): FFN ratio ρ = 3, so θ = 1 - 1/3 (the
+# folded FFN keeps C active channels: Table 1's 19.1 M / 40.1 M), the convolutional patch
+# embedding, every residual branch divided by skip_lam = 2, no qkv bias (LV-ViT's code).
+_LV_VIT = dict(idle_ratio=2 / 3, mlp_ratio=3.0, skip_lam=2.0, conv_stem=True, qkv_bias=False)
 ARCH_SETTINGS: Dict[str, dict] = {
     'tiny': dict(embed_dims=192, num_layers=12, num_heads=3, idle_ratio=0.75),
     'small': dict(embed_dims=384, num_layers=12, num_heads=6, idle_ratio=0.75),
     'base': dict(embed_dims=768, num_layers=12, num_heads=12, idle_ratio=0.75),
     'large': dict(embed_dims=1024, num_layers=24, num_heads=16, idle_ratio=0.75),
     'huge': dict(embed_dims=1280, num_layers=32, num_heads=16, idle_ratio=0.75),
+    'lv-vit-s': dict(embed_dims=384, num_layers=16, num_heads=6, **_LV_VIT),
+    'lv-vit-m': dict(embed_dims=512, num_layers=20, num_heads=8, **_LV_VIT),
 }
+# what an arch may set besides its size, and the value when it does not
+ARCH_DEFAULTS = dict(idle_ratio=0.75, mlp_ratio=4.0, skip_lam=1.0, conv_stem=False, qkv_bias=True)
 ARCH_ALIASES = {
     't': 'tiny',
     's': 'small',
@@ -54,18 +63,26 @@ ARCH_ALIASES = {
     'deit-tiny': 'tiny',
     'deit-small': 'small',
     'deit-base': 'base',
+    'lvvit-s': 'lv-vit-s',
+    'lvvit-m': 'lv-vit-m',
 }
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
-    """A size name (``'tiny'``, ``'small'``, ``'base'``, ``'large'``, ``'huge'``) or a dict
-    with ``embed_dims``, ``num_layers``, ``num_heads`` (and optionally ``idle_ratio``)."""
-    return lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'), ARCH_ALIASES)
+    """A size name (``'tiny'``, ``'small'``, ``'base'``, ``'large'``, ``'huge'``,
+    ``'lv-vit-s'``, ``'lv-vit-m'``) or a dict with ``embed_dims``, ``num_layers``,
+    ``num_heads`` (and optionally any of :data:`ARCH_DEFAULTS`), completed by
+    :data:`ARCH_DEFAULTS`."""
+    arch = lookup_arch(arch, ARCH_SETTINGS, ('embed_dims', 'num_layers', 'num_heads'), ARCH_ALIASES)
+    return dict(ARCH_DEFAULTS, **arch)
 
 
 class RePaViTBlock(PreNormBlock):
     """Pre-norm ViT block: ``x + attn(norm1(x))``, then the FFN (which owns its norm and
     shortcut, :class:`~mmrepa.layers.ChannelIdleFFN`).
+
+    ``skip_lam`` (LV-ViT): both residual branches are divided by it; the fold moves the
+    factor into the attention's ``proj`` and the FFN's output matrix.
 
     ``attn_type``: ``'S'`` softmax attention (:class:`~mmrepa.layers.WindowedSelfAttention`;
     global, or in ``window_size`` windows with masked padding), ``'L'`` SLAB's simplified
@@ -90,6 +107,7 @@ class RePaViTBlock(PreNormBlock):
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         norm_cfg: dict = dict(type='LN', eps=1e-6),
+        skip_lam: float = 1.0,
         with_cp: bool = False,
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
@@ -97,6 +115,8 @@ class RePaViTBlock(PreNormBlock):
         super().__init__(init_cfg=init_cfg)
         self.with_cp = with_cp
         self.window_size = window_size
+        self.branch_scale = 1.0 / skip_lam
+        self.deploy = deploy
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         if deploy and is_affine_norm(self.norm1):
             self.norm1 = None
@@ -118,10 +138,19 @@ class RePaViTBlock(PreNormBlock):
         self.attn_type = attn_type
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.ffn = ChannelIdleFFN(
-            embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate, **ffn_cfg
+            embed_dims,
+            drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate,
+            branch_scale=self.branch_scale,
+            **ffn_cfg,
         )
 
     def _mix(self, y: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        out = self._attend(y, hw_shape)
+        # folded into attn.proj
+        return out if self.deploy or self.branch_scale == 1.0 else out * self.branch_scale
+
+    def _attend(self, y: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         B, N, C = y.shape
         if self.attn_type == 'L':  # the whole grid, its positional encoding resized
             return self.attn(y, hw_shape=hw_shape)
@@ -132,15 +161,22 @@ class RePaViTBlock(PreNormBlock):
         return attend_in_windows(self.attn._attend, y.view(B, *hw_shape, C), self.window_size)
 
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
-        """An affine ``norm1`` (``x * s + t``) into ``qkv``: ``W s``, ``b + W t``."""
-        if self.norm1 is None or not is_affine_norm(self.norm1):
-            return {}
-        scale, shift = norm_affine(self.norm1, dtype)
-        w, b = affine_into_linear(self.attn.qkv, scale, shift, dtype)
-        return {'attn.qkv.weight': w, 'attn.qkv.bias': b}
+        """An affine ``norm1`` (``x * s + t``) into ``qkv``: ``W s``, ``b + W t``; the
+        branch scale into ``proj``."""
+        tensors = {}
+        if self.norm1 is not None and is_affine_norm(self.norm1):
+            scale, shift = norm_affine(self.norm1, dtype)
+            w, b = affine_into_linear(self.attn.qkv, scale, shift, dtype)
+            tensors.update({'attn.qkv.weight': w, 'attn.qkv.bias': b})
+        if self.branch_scale != 1.0:
+            w, b = weight_and_bias(self.attn.proj, dtype)
+            tensors['attn.proj.weight'] = w * self.branch_scale
+            if self.attn.proj.bias is not None:
+                tensors['attn.proj.bias'] = b * self.branch_scale
+        return tensors
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
-        if not tensors:
+        if 'attn.qkv.weight' not in tensors:
             return
         self.norm1 = None
         qkv = self.attn.qkv
@@ -160,17 +196,32 @@ class RePaViT(PlainViT):
     ``out_type='featmap'`` with windowed attention and a few global blocks (ViTDet) and
     :class:`~mmrepa.necks.SimpleFPN`.
 
+    LV-ViT's variant (RePa-LV-ViT, ``arch='lv-vit-s'`` / ``'lv-vit-m'``): LV-ViT's
+    convolutional patch embedding (``conv_stem``, its BatchNorms fold into its convs), every
+    residual branch divided by ``skip_lam`` (folded into the output projections), FFN ratio 3,
+    no qkv bias. Its token-labelling head is
+    :class:`~mmrepa.heads.TokenLabelClsHead` (``out_type='raw'``).
+
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (DeiT), ``'large'``, ``'huge'``
-            (ViT; also ``t/s/b/l/h``), or ``dict(embed_dims, num_layers, num_heads)`` with an
-            optional ``idle_ratio``. Default: ``'tiny'``.
+            (ViT; also ``t/s/b/l/h``), ``'lv-vit-s'``, ``'lv-vit-m'`` (LV-ViT), or
+            ``dict(embed_dims, num_layers, num_heads)`` with optional ``idle_ratio``,
+            ``mlp_ratio``, ``skip_lam``, ``conv_stem``, ``qkv_bias``. Default: ``'tiny'``.
         img_size (int | tuple): Pretraining size; sizes the position embedding, which is
             interpolated for other inputs. Default: 224.
         patch_size (int): Default: 16.
         in_channels (int): Default: 3.
-        mlp_ratio (float): FFN hidden width / embed_dims. Default: 4.
+        mlp_ratio (float, optional): FFN hidden width / embed_dims; None: the arch's (4; 3 for
+            LV-ViT). Default: None.
         idle_ratio (float, optional): Fraction of FFN hidden channels left linear, in [0, 1];
-            None: the arch's (0.75, the paper's). Default: None.
+            None: the arch's (the paper's 1 - 1 / mlp_ratio: 0.75, 2 / 3 for LV-ViT).
+            Default: None.
+        skip_lam (float, optional): Divide both residual branches of every block by it
+            (LV-ViT); None: the arch's (1; 2 for LV-ViT). Default: None.
+        conv_stem (bool, optional): LV-ViT's convolutional patch embedding
+            (:class:`~mmrepa.layers.ConvPatchEmbed`) instead of one patchifying conv; None: the
+            arch's. Default: None.
+        stem_channels (int): Width of the convolutional patch embedding. Default: 64.
         ffn_norm (str): ``'BN'``: BatchNorm before ``fc1`` and on the hidden layer (RePaFormer;
             everything folds); ``'LN'``: the ViT FFN, ``norm_cfg`` before ``fc1`` and no hidden
             norm (with ``idle_ratio=0`` this is timm's / mmpretrain's ViT). Default: ``'BN'``.
@@ -179,12 +230,13 @@ class RePaViT(PlainViT):
             one per block. Default: ``'S'``.
         linear_window (int, optional): Token grid side of the ``'L'`` blocks. Default: the
             pretraining grid (``img_size // patch_size``).
-        qkv_bias (bool): Default: True.
+        qkv_bias (bool, optional): None: the arch's (True; False for LV-ViT). Default: None.
         drop_rate (float): Dropout after the position embedding, in the FFN and after the
             linear attention's projection (SLAB's). Default: 0.
         drop_path_rate (float): Stochastic depth, rising linearly over the blocks. Default: 0.1.
         with_cls_token (bool): Default: True.
-        out_type (str): ``'cls'``, ``'avg'`` or ``'featmap'``. Default: ``'cls'``.
+        out_type (str): ``'cls'``, ``'avg'``, ``'featmap'`` or ``'raw'`` (every token).
+            Default: ``'cls'``.
         out_indices (Sequence[int] | int): Blocks whose outputs are returned (negative counts
             from the end). Default: -1.
         window_size (int, optional): Windowed attention (padding masked) in every block not in
@@ -213,12 +265,15 @@ class RePaViT(PlainViT):
         img_size: Union[int, Tuple[int, int]] = 224,
         patch_size: int = 16,
         in_channels: int = 3,
-        mlp_ratio: float = 4.0,
+        mlp_ratio: Optional[float] = None,
         idle_ratio: Optional[float] = None,
+        skip_lam: Optional[float] = None,
+        conv_stem: Optional[bool] = None,
+        stem_channels: int = 64,
         ffn_norm: str = 'BN',
         attn_types: str = 'S',
         linear_window: Optional[int] = None,
-        qkv_bias: bool = True,
+        qkv_bias: Optional[bool] = None,
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         with_cls_token: bool = True,
@@ -239,9 +294,19 @@ class RePaViT(PlainViT):
         super().__init__(init_cfg=init_cfg)
         arch = resolve_arch(arch)
         self.num_heads, depth = arch['num_heads'], arch['num_layers']
-        if idle_ratio is None:
-            idle_ratio = arch.get('idle_ratio', 0.75)
-        self.idle_ratio = check_unit_interval(idle_ratio, 'idle_ratio')
+        given = dict(
+            idle_ratio=idle_ratio,
+            mlp_ratio=mlp_ratio,
+            skip_lam=skip_lam,
+            conv_stem=conv_stem,
+            qkv_bias=qkv_bias,
+        )
+        arch.update({k: v for k, v in given.items() if v is not None})
+        self.idle_ratio = check_unit_interval(arch['idle_ratio'], 'idle_ratio')
+        if not arch['skip_lam'] > 0:
+            raise ConfigError(
+                f'skip_lam divides the residual branches: it must be > 0, got {arch["skip_lam"]}'
+            )
         if ffn_norm not in ('BN', 'LN'):
             raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
         if len(attn_types) not in (1, depth) or set(attn_types) - set('SL'):
@@ -271,11 +336,13 @@ class RePaViT(PlainViT):
             frozen_stages,
             norm_eval,
             deploy,
+            conv_stem=arch['conv_stem'],
+            stem_channels=stem_channels,
         )
         self.with_cp = with_cp
         ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)
         ffn_cfg = dict(
-            mlp_ratio=mlp_ratio,
+            mlp_ratio=arch['mlp_ratio'],
             idle_ratio=self.idle_ratio,
             norm_cfg=ffn_norms[0],
             hidden_norm_cfg=ffn_norms[1],
@@ -292,10 +359,11 @@ class RePaViT(PlainViT):
                     window_size=windows[i],
                     attn_type=self.attn_types[i],
                     linear_window=linear_window or self.patch_resolution[0],
-                    qkv_bias=qkv_bias,
+                    qkv_bias=arch['qkv_bias'],
                     drop_rate=drop_rate,
                     drop_path_rate=dpr[i],
                     norm_cfg=norm_cfg,
+                    skip_lam=arch['skip_lam'],
                     with_cp=with_cp,
                     deploy=deploy,
                 )

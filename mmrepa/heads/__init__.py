@@ -6,5 +6,6 @@ classification configs list it, ``custom_imports = dict(imports=['mmrepa', 'mmre
 
 from .. import backbones  # noqa: F401  (registers the backbones the heads sit on)
 from .metaformer_head import MetaFormerClsHead
+from .token_label_head import TokenLabelClsHead
 
-__all__ = ['MetaFormerClsHead']
+__all__ = ['MetaFormerClsHead', 'TokenLabelClsHead']

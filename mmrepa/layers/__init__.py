@@ -9,7 +9,7 @@ from .channel_idle_ffn import (
 from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
 from .norm2d import GroupNorm1, LayerNorm2d
-from .patch_layers import FoldablePatchEmbed, FoldablePatchMerging
+from .patch_layers import ConvPatchEmbed, FoldablePatchEmbed, FoldablePatchMerging
 from .prenorm_block import PreNormBlock
 from .prepbn import PRepBN, RepBN, from_linear_norm
 from .res_scale import LayerScale, ResScale
@@ -47,6 +47,7 @@ __all__ = [
     'SepConv',
     'WindowedSelfAttention',
     'SimplifiedLinearAttention',
+    'ConvPatchEmbed',
     'FoldablePatchEmbed',
     'FoldablePatchMerging',
     'PreNormBlock',

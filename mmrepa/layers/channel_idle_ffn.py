@@ -102,14 +102,16 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
 
         H   = fc1(norm1(x))
         H   = cat(act(H[..., :a]), H[..., a:])      # only the active slice is activated
-        out = r * x + drop_path(g * fc2(norm2(H)))  # r: res_scale, g: layer_scale (or 1)
+        out = r * x + drop_path(c * g * fc2(norm2(H)))  # r: res_scale, g: layer_scale
+                                                        # (or 1), c: branch_scale
 
     After :meth:`reparameterize` (or with ``deploy=True``) it computes the same function as
     ``[P, L] = x @ [W_a, W_lin]`` (one GEMM of width ``a + C``), ``out = L + act(P) @ W_out``
-    (one GEMM from the active slice): the idle channels, both BatchNorms, the layer scale and
-    the shortcut with its residual scale (``diag(r)``) fold into ``W_lin``. An activation with
-    an output affine (:class:`StarReLU`, ``s * relu(x)**2 + b``) folds ``s`` into ``W_out`` and
-    ``b`` into the bias, and the folded FFN applies the bare activation. With a LayerNorm
+    (one GEMM from the active slice): the idle channels, both BatchNorms, the layer and branch
+    scales and the shortcut with its residual scale (``diag(r)``) fold into ``W_lin``. An
+    activation with an output affine (:class:`StarReLU`, ``s * relu(x)**2 + b``) folds ``s``
+    into ``W_out`` and ``b`` into the bias, and the folded FFN applies the bare activation.
+    With a LayerNorm
     pre-norm (``norm_cfg=dict(type='LN')``) the norm and the (scaled) shortcut stay and the rest
     folds.
 
@@ -134,6 +136,9 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         layer_scale_init (float, optional): Scale the branch by a learnable per-channel
             ``layer_scale`` (C,) initialised to this value (LayerScale); ``None`` for none.
             Default: None.
+        branch_scale (float): A constant factor on the branch (LV-ViT divides each residual
+            branch by ``skip_lam``: ``1 / skip_lam``); it folds into ``W_out`` as the layer
+            scale does. Default: 1.
     """
 
     fold_state_keys = ('in_proj.weight', 'fc1.weight')  # see mmrepa.fold.check_fold_state
@@ -154,9 +159,11 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         init_cfg: Optional[dict] = None,
         res_scale: bool = False,
         layer_scale_init: Optional[float] = None,
+        branch_scale: float = 1.0,
     ):
         super().__init__(init_cfg=init_cfg)
         hidden = int(round(mlp_ratio * embed_dims))
+        self.branch_scale = float(branch_scale)
         act = build_activation_layer(act_cfg)
         norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         self._set_shape(
@@ -211,6 +218,7 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         self.idle_ratio = 1.0 - active_channels / hidden
         self.act, self.norm1, self.fc1, self.norm2, self.fc2 = act, norm1, fc1, hidden_norm, fc2
         self.res_scale, self.layer_scale = res_scale, layer_scale
+        self.branch_scale = 1.0
         self.drop = nn.Identity()
         self.drop_path = drop_path if drop_path is not None else nn.Identity()
         return self
@@ -289,6 +297,8 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         z = self.drop(self.fc2(self.drop(h)))
         if self.layer_scale is not None:
             z = z * self.layer_scale
+        if self.branch_scale != 1.0:
+            z = z * self.branch_scale
         return self._add_shortcut(self.drop_path(z.view(x.shape)), x)
 
     def _add_shortcut(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -348,6 +358,7 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         if self.layer_scale is not None:  # scales the rows of W_out and the bias
             g = self.layer_scale.to(dtype)
             w_out, b_out = w_out * g[:, None], b_out * g
+        w_out, b_out = w_out * self.branch_scale, b_out * self.branch_scale
         affine = output_affine(self.act, dtype) if a > 0 else None
         if affine is not None:  # act = bare * s + b on the active slice
             s, b = affine

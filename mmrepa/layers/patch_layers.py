@@ -1,20 +1,29 @@
-"""mmcv's patch embedding and patch merging, with their norm folded when it is affine.
+"""mmcv's patch embedding and patch merging, with their norm folded when it is affine, and
+LV-ViT's convolutional patch embedding, whose BatchNorms fold into its convs.
 
-Both subclasses keep mmcv's forward and state-dict names (``projection``/``reduction``,
+The two mmcv subclasses keep mmcv's forward and state-dict names (``projection``/``reduction``,
 ``norm``); folding only rewrites the weights and sets ``norm`` to None, which mmcv's forward
 already skips. With a LayerNorm nothing folds and :meth:`reparameterize` changes nothing.
 """
 
-from typing import List
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn.bricks.transformer import PatchEmbed, PatchMerging
+from mmcv.cnn.bricks.transformer import AdaptivePadding, PatchEmbed, PatchMerging
+from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
-from ..fold import FoldPolicy, Reparameterizable, is_affine_norm, norm_affine, norm_fold_problems
+from ..fold import (
+    FoldPolicy,
+    Reparameterizable,
+    is_affine_norm,
+    norm_affine,
+    norm_fold_problems,
+    weight_and_bias,
+)
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
 
@@ -162,3 +171,94 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
     def _fold(self, weight, bias, scale, shift):
         folded_bias = weight @ shift
         return weight * scale, folded_bias if bias is None else folded_bias + bias
+
+
+class ConvPatchEmbed(Reparameterizable, BaseModule):
+    """LV-ViT's convolutional patch embedding: three conv-BN-ReLU layers (7 x 7 stride 2, then
+    two 3 x 3), then a ``patch_size / 2`` projection with stride ``patch_size / 2``, so that a
+    token still covers ``patch_size`` pixels. State-dict names are LV-ViT's (``conv1``,
+    ``bn1``, ..., ``proj`` as ``projection``, FoldablePatchEmbed's name).
+
+    :meth:`reparameterize` folds each BatchNorm into the conv before it (``W' = s · W``,
+    ``b' = t``); ``deploy=True`` builds the convs with biases and no norms. Before the
+    projection the map is padded at the bottom and right to a multiple of its stride (mmcv's
+    ``AdaptivePadding``, as ViT's patch embedding pads the image), after the ReLU, where both
+    forms agree: the fold is exact at any input size.
+
+    Args:
+        in_channels (int): Image channels. Default: 3.
+        embed_dims (int): Token width. Default: 384.
+        patch_size (int): Pixels per token side, even. Default: 16.
+        stem_channels (int): Width of the three convs (LV-ViT S / M: 64). Default: 64.
+        deploy (bool): Build the folded form. Default: False.
+
+    Input (B, in_channels, H, W); output ((B, h * w, embed_dims), (h, w)) with
+    ``h = ceil(ceil(H / 2) / (patch_size / 2))``.
+    """
+
+    fold_state_keys = ('conv1.bias', 'bn1.running_mean')
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        embed_dims: int = 384,
+        patch_size: int = 16,
+        stem_channels: int = 64,
+        deploy: bool = False,
+        init_cfg: Optional[dict] = None,
+    ):
+        super().__init__(init_cfg=init_cfg)
+        if patch_size < 2 or patch_size % 2:
+            raise ConfigError(
+                f'the convolutional patch embedding halves the image first: patch_size must '
+                f'be even, got {patch_size}'
+            )
+        self.deploy = deploy
+        widths = (in_channels, stem_channels, stem_channels, stem_channels)
+        for i, kernel in enumerate((7, 3, 3), start=1):
+            conv = nn.Conv2d(
+                widths[i - 1],
+                widths[i],
+                kernel,
+                stride=2 if i == 1 else 1,
+                padding=kernel // 2,
+                bias=deploy,
+            )
+            self.add_module(f'conv{i}', conv)
+            if not deploy:
+                self.add_module(f'bn{i}', nn.BatchNorm2d(stem_channels))
+        self.act = nn.ReLU(inplace=True)
+        step = patch_size // 2
+        self.adaptive_padding = AdaptivePadding(kernel_size=step, stride=step, padding='corner')
+        self.projection = nn.Conv2d(stem_channels, embed_dims, step, stride=step)
+
+    def forward(self, x: torch.Tensor):
+        for i in (1, 2, 3):
+            x = getattr(self, f'conv{i}')(x)
+            if not self.deploy:
+                x = getattr(self, f'bn{i}')(x)
+            x = self.act(x)
+        x = self.projection(self.adaptive_padding(x))
+        out_size = (x.shape[2], x.shape[3])
+        return x.flatten(2).transpose(1, 2), out_size
+
+    def fold_problems(self) -> List[str]:
+        """Each BatchNorm must have finite running statistics."""
+        return [p for i in (1, 2, 3) for p in norm_fold_problems(getattr(self, f'bn{i}'), f'bn{i}')]
+
+    def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
+        tensors = {}
+        for i in (1, 2, 3):
+            conv = getattr(self, f'conv{i}')
+            scale, shift = norm_affine(getattr(self, f'bn{i}'), dtype)
+            weight, bias = weight_and_bias(conv, dtype)
+            tensors[f'conv{i}.weight'] = weight * scale.view(-1, 1, 1, 1)
+            tensors[f'conv{i}.bias'] = bias * scale + shift
+        return tensors
+
+    def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
+        for i in (1, 2, 3):
+            delattr(self, f'bn{i}')
+            conv = getattr(self, f'conv{i}')
+            if conv.bias is None:
+                conv.bias = nn.Parameter(conv.weight.new_empty(conv.out_channels))

@@ -50,10 +50,10 @@ CONFIGS = sorted(
     if not {'_base_', 'deploy'} & set(p.split(osp.sep)) and not _REDUNDANT.search(p)
 )
 H, W = 96, 128
-# Larger sizes of a family (Swin S/B, MetaFormer S36/M36 in detection and segmentation; Swin S/B
-# and RePa-, PRepBN-, SLAB-DeiT-S/B classifiers): they inherit their smallest size's config and
-# change the arch, drop path and the channels the neck / heads take. Shrunk, they are that
-# config's tiny model, so only their channel wiring is checked and their model built; the
+# Larger sizes of a family (Swin S/B, MetaFormer S36/M36 in detection and segmentation; Swin S/B,
+# RePa-, PRepBN-, SLAB-DeiT-S/B and RePa-LV-ViT-M classifiers): they inherit their smallest size's
+# config and change the arch, drop path and the channels the neck / heads take. Shrunk, they are
+# that config's tiny model, so only their channel wiring is checked and their model built; the
 # smallest size runs loss and predict. Likewise RePa-DeiT's dense configs: a plain ViT through
 # SimpleFPN into Mask R-CNN / UperNet, the pattern depth_rep_vit's configs run in full; and
 # PoolFormer's Mask R-CNN and UperNet configs and its RePa RetinaNet: the (tiny) backbone runs
@@ -62,7 +62,7 @@ H, W = 96, 128
 SIZE_VARIANT = re.compile(
     r'swin_[sb]_(1x|512x512|32xb128|8xb128)_'
     r'|(convformer|caformer)_(s36|m36)_(ms-3x|512x512)_'
-    r'|deit_[sb]_(32xb128|8xb128)_|(mask-rcnn|upernet)_repa_deit_'
+    r'|deit_[sb]_(32xb128|8xb128)_|(mask-rcnn|upernet)_repa_deit_|lvvit_m_8xb128_'
     r'|mlp_mixer_l16_32xb128_'
     r'|mask-rcnn_prepbn_pvt_t_'  # PRepBN-PVT runs in RetinaNet; Mask R-CNN runs with PRepBN-Swin
     r'|(mask-rcnn|upernet|retinanet_repa)_poolformer_s12_'

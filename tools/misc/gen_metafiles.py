@@ -108,6 +108,11 @@ COLLECTIONS = {
     ),
     'RepVGG': ('repopt_vgg', 'repvgg', ['RepOptVGG (mode repvgg)', 'RepVGG block']),
     'RePa-ViT': ('repa_vit', 'repaformer', ['RePaViT', 'Channel-idle FFN']),
+    'RePa-LV-ViT': (
+        'repa_vit',
+        'repaformer',
+        ['RePaViT', 'Channel-idle FFN', 'Convolutional patch embedding', 'Token labelling'],
+    ),
     'PRepBN-DeiT': ('prepbn_vit', 'slab', ['PRepBNViT', 'PRepBN']),
     'SLAB-DeiT': ('prepbn_vit', 'slab', ['PRepBNViT', 'PRepBN', 'Simplified linear attention']),
     'DepthRep-ViT': (
@@ -279,6 +284,13 @@ PAPER_RESULTS = {
         )
         for size, top1 in (('t', 64.3), ('s', 77.1), ('b', 81.4))
     },
+    # (Table 2 has 83.5 for RePa-LV-ViT-M)
+    **{
+        f'repa_lvvit_{size}_8xb128_in1k': _top1(
+            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
+        )
+        for size, top1 in (('s', 81.6), ('m', 83.6))
+    },
     **{
         f'prepbn_deit_{size}_8xb128_in1k': _top1(
             top1,
@@ -399,7 +411,8 @@ def family(backbone: dict) -> str:
     if kind == 'PRepBNSwin':
         return 'SLAB-Swin' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-Swin'
     if kind == 'RePaViT' and repa:
-        return 'RePa-ViT'
+        lv_vit = str(backbone.get('arch')).lower().replace('-', '').startswith('lvvit')
+        return 'RePa-LV-ViT' if lv_vit else 'RePa-ViT'
     if kind == 'PRepBNViT':
         return 'SLAB-DeiT' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-DeiT'
     if kind == 'PRepBNPVT':

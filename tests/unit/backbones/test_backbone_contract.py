@@ -81,6 +81,19 @@ VIT_DENSE = dict(
     out_indices=(0, 2),
 )
 BACKBONES['repa_vit'] = lambda **kw: RePaViT(**VIT_DENSE, **kw)
+# RePa-LV-ViT: the BatchNorm conv stem, skip_lam, every token out (the token-labelling head's)
+BACKBONES['repa_lvvit'] = lambda **kw: RePaViT(
+    dict(embed_dims=16, num_layers=3, num_heads=2),
+    img_size=32,
+    idle_ratio=2 / 3,
+    mlp_ratio=3,
+    skip_lam=2.0,
+    conv_stem=True,
+    stem_channels=8,
+    qkv_bias=False,
+    out_type='raw',
+    **kw,
+)
 BACKBONES['prepbn_vit'] = lambda **kw: PRepBNViT(**VIT_DENSE, idle_ratio=0.5, **kw)
 IMAGE = (2, 3, 45, 61)  # no side a multiple of a window or of 32
 
@@ -127,6 +140,7 @@ def _trainable(model, prefixes):
         'convformer',
         'depth_rep_vit',
         'repa_vit',
+        'repa_lvvit',
         'repa_mlp_mixer',
         'repa_poolformer',
     ],

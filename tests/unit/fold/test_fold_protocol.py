@@ -322,7 +322,7 @@ def _build(path: str):
     from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
     from mmrepa.backbones.metaformer import MetaFormer
     from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
-    from mmrepa.layers import FoldablePatchEmbed, FoldablePatchMerging
+    from mmrepa.layers import ConvPatchEmbed, FoldablePatchEmbed, FoldablePatchMerging
 
     meta = dict(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16))
     vgg = dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8)
@@ -368,6 +368,7 @@ def _build(path: str):
         'layers.patch_layers.FoldablePatchEmbed': lambda: FoldablePatchEmbed(
             in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type='BN1d')
         ),
+        'layers.patch_layers.ConvPatchEmbed': lambda: ConvPatchEmbed(3, 8, 8, stem_channels=8),
         'layers.patch_layers.FoldablePatchMerging': lambda: FoldablePatchMerging(
             in_channels=8, out_channels=16, norm_cfg=dict(type='BN1d')
         ),

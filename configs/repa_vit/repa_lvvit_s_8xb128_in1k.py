@@ -1,0 +1,41 @@
+# RePa-LV-ViT-S (RePaViT 'lv-vit-s': LV-ViT's convolutional patch embedding, residual branches
+# divided by skip_lam = 2, FFN ratio 3 with idle ratio 2/3, BatchNorm FFN) on ImageNet-1k with
+# RePaFormer's recipe: LAMB, 300 epochs, 20 warm-up epochs; batch 1024 and learning rate,
+# minimum, weight decay and drop path of the paper's Table 7 (the paper reports 81.6 % top-1,
+# Table 1). Head: LV-ViT's, the class token's scores plus, with token labels (gt_token_label
+# in the data samples), the token-labelling loss on every patch token; without them the plain
+# classification loss (mmrepa.heads.TokenLabelClsHead).
+_base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/repaformer_lamb_in1k.py']
+
+lr, min_lr = 1e-3, 1e-5
+model = dict(
+    backbone=dict(
+        type='RePaViT',
+        arch='lv-vit-s',
+        idle_ratio=2 / 3,
+        mlp_ratio=3,
+        skip_lam=2.0,
+        conv_stem=True,
+        qkv_bias=False,
+        ffn_norm='BN',
+        out_type='raw',  # every token, for the token-labelling head
+        out_indices=-1,
+        drop_path_rate=0.05,
+    ),
+    neck=None,
+    head=dict(type='TokenLabelClsHead', in_channels=384, aux_weight=1.0, aux_pred_weight=0.5),
+)
+optim_wrapper = dict(
+    optimizer=dict(lr=lr, weight_decay=0.05),
+    paramwise_cfg=dict(
+        custom_keys={'pos_embed': dict(decay_mult=0.0), 'cls_token': dict(decay_mult=0.0)}
+    ),
+)
+param_scheduler = [
+    dict(
+        type='LinearLR', start_factor=1e-6 / lr, by_epoch=True, end=20, convert_to_iter_based=True
+    ),
+    dict(type='CosineAnnealingLR', eta_min=min_lr, by_epoch=True, begin=20),
+]
+# Table 7's batch for LV-ViT: 8 processes x 128
+auto_scale_lr = dict(base_batch_size=1024)
