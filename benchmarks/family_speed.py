@@ -108,6 +108,12 @@ MODELS = (
         'SLAB reports no folded/unfolded throughput',
     ),
     Model(
+        'SLAB-PVT-T',
+        'configs/prepbn_pvt/slab_pvt_t_8xb128_in1k.py',
+        None,
+        'SLAB reports no folded/unfolded throughput',
+    ),
+    Model(
         'RePa-CAFormer-S18',
         'configs/metaformer/repa_caformer_s18_32xb128_in1k.py',
         None,

@@ -63,6 +63,20 @@ def per_stage_ratios(value: Any, num_stages: int, name: str) -> list:
     return values
 
 
+def stage_attn_types(value: Optional[str], num_stages: int, example: str) -> str:
+    """``attn_types``: one letter per stage, ``'S'`` softmax attention or ``'L'`` simplified
+    linear attention; None is all ``'S'``. ``example`` is a valid value to suggest."""
+    if value is None:
+        return 'S' * num_stages
+    if not isinstance(value, str) or len(value) != num_stages or set(value) - set('SL'):
+        raise ConfigError(
+            f'attn_types must have one letter per stage ({num_stages}), '
+            f"'S' (softmax attention) or 'L' (simplified linear attention), "
+            f'e.g. {example!r}; got {value!r}'
+        )
+    return value
+
+
 def pretrained_init_cfg(pretrained: Optional[str], init_cfg: Optional[dict]) -> Optional[dict]:
     """mmdet's deprecated ``pretrained=PATH`` as the ``init_cfg`` to use, with mmdet's warning.
     Called from a backbone's translation of mmdet arguments inside its ``__init__``: the warning

@@ -1,4 +1,5 @@
-"""PRepBN-PVT: the Pyramid Vision Transformer (v1) with progressive re-parameterized BatchNorm.
+"""PRepBN-PVT and SLAB-PVT: the Pyramid Vision Transformer (v1) with progressive re-parameterized
+BatchNorm, optionally with simplified linear attention.
 
 Every LayerNorm of mmdet's ``PyramidVisionTransformer`` becomes a :class:`~mmrepa.layers.PRepBN`,
 as in SLAB's release (its PVT passes the same ``LinearNorm`` to every patch embedding, block and
@@ -34,10 +35,11 @@ from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
     PreNormBlock,
+    SimplifiedLinearAttention,
     channels_last_norm,
     from_linear_norm,
 )
-from ..options import check_int, per_stage_ratios, pretrained_init_cfg
+from ..options import check_int, per_stage_ratios, pretrained_init_cfg, stage_attn_types
 from ..registry import build_norm_layer
 from .base import DenseBackbone, PRepBNBackbone, drop_path_rates, lookup_arch
 
@@ -141,8 +143,12 @@ class SpatialReductionAttention(Reparameterizable, BaseModule):
 class PVTBlock(PreNormBlock):
     """``x + attn(norm1(x))`` then the FFN (which owns its norm ``norm1`` and the shortcut).
 
-    An affine ``norm1`` folds into everything that reads it: ``attn.q`` and ``attn.sr`` (or
-    ``attn.kv`` without spatial reduction). ``deploy=True`` builds the folded structure.
+    ``attn_type``: ``'S'`` PVT's spatial-reduction attention; ``'L'`` SLAB's simplified linear
+    attention (:class:`~mmrepa.layers.SimplifiedLinearAttention`) over the whole map, without
+    spatial reduction (``sr_ratio`` unused), its positional encoding sized ``linear_grid`` and
+    resized to other maps. An affine ``norm1`` folds into everything that reads it: ``attn.q``
+    and ``attn.sr`` (or ``attn.kv`` without spatial reduction), or the linear attention's
+    ``attn.qkv``. ``deploy=True`` builds the folded structure.
     """
 
     def __init__(
@@ -151,6 +157,8 @@ class PVTBlock(PreNormBlock):
         num_heads: int,
         sr_ratio: int,
         ffn_cfg: dict,
+        attn_type: str = 'S',
+        linear_grid: Optional[Tuple[int, int]] = None,
         qkv_bias: bool = True,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
@@ -164,16 +172,21 @@ class PVTBlock(PreNormBlock):
         self.with_cp = with_cp
         self.deploy = False
         self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
-        self.attn = SpatialReductionAttention(
-            embed_dims,
-            num_heads,
-            sr_ratio,
-            qkv_bias=qkv_bias,
-            attn_drop_rate=attn_drop_rate,
-            proj_drop_rate=drop_rate,
-            norm_cfg=norm_cfg,
-            deploy=deploy,
-        )
+        if attn_type == 'L':
+            self.attn = SimplifiedLinearAttention(
+                embed_dims, num_heads, linear_grid, qkv_bias=qkv_bias, proj_drop_rate=drop_rate
+            )
+        else:
+            self.attn = SpatialReductionAttention(
+                embed_dims,
+                num_heads,
+                sr_ratio,
+                qkv_bias=qkv_bias,
+                attn_drop_rate=attn_drop_rate,
+                proj_drop_rate=drop_rate,
+                norm_cfg=norm_cfg,
+                deploy=deploy,
+            )
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
         self.ffn = ChannelIdleFFN(
             embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate, **ffn_cfg
@@ -182,13 +195,18 @@ class PVTBlock(PreNormBlock):
             self._apply_fold({}, FoldPolicy())
             self.deploy = True
 
+    def _mix(self, y: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        return self.attn(y, hw_shape=hw_shape)
+
     def _readers(self) -> List[str]:
+        if isinstance(self.attn, SimplifiedLinearAttention):
+            return ['qkv']
         return ['q', 'sr' if self.attn.sr is not None else 'kv']
 
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
-        """An affine ``norm1`` (``x * s + t``) into ``q`` and ``sr`` (or ``kv``); ``sr`` has no
-        padding, so every tap of the conv reads a normalised token and the fold is exact on
-        any map size."""
+        """An affine ``norm1`` (``x * s + t``) into ``q`` and ``sr`` (or ``kv``), or ``qkv``;
+        ``sr`` has no padding, so every tap of the conv reads a normalised token and the fold is
+        exact on any map size (the linear attention's depthwise conv pads ``v``, after ``qkv``)."""
         if self.norm1 is None or not is_affine_norm(self.norm1):
             return {}
         scale, shift = norm_affine(self.norm1, dtype)
@@ -287,7 +305,8 @@ def _prepbn_cfg(norm_cfg: dict, prepbn_cfg: dict) -> dict:
 
 @MODELS.register_module()
 class PRepBNPVT(PRepBNBackbone, DenseBackbone):
-    """Pyramid Vision Transformer (v1) backbone whose norms are PRepBN (SLAB's PRepBN-PVT).
+    """Pyramid Vision Transformer (v1) backbone whose norms are PRepBN (SLAB's PRepBN-PVT),
+    optionally with simplified linear attention (SLAB-PVT).
 
     mmdet's ``PyramidVisionTransformer`` with every LayerNorm a PRepBN: the patch-embedding
     norms, each block's ``norm1`` and FFN norm, and the norm after the spatial-reduction conv.
@@ -297,6 +316,11 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
     and the spatial-reduction conv (``kv`` in the last stage, which has no reduction), the
     reduction's norm into ``kv``, the FFN norm into ``fc1``. The folded backbone computes no
     norm; nothing pads after a norm, so every fold is exact on any input size.
+
+    ``attn_types='LLLL'`` gives SLAB-PVT: simplified linear attention in every stage over the
+    whole map, without spatial reduction (SLAB's release: its PVT_LA_SR_RATIOS 1111), the keys'
+    positional encoding sized for the stage's map at ``pretrain_img_size`` (resized bicubically
+    to other maps), a 5 x 5 depthwise conv on the values; ``norm1`` folds into its ``qkv``.
 
     Args:
         arch (str | dict, optional): ``'tiny'``, ``'small'``, ``'medium'`` (or ``t/s/m``), or
@@ -309,7 +333,11 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
         num_stages (int): Must equal the arch's number of stages. Default: 4.
         patch_sizes, strides, paddings (Sequence[int]): Per-stage patch-embedding conv.
             Default: (4, 2, 2, 2), (4, 2, 2, 2), (0, 0, 0, 0).
-        sr_ratios (Sequence[int]): Spatial-reduction ratio per stage. Default: (8, 4, 2, 1).
+        sr_ratios (Sequence[int]): Spatial-reduction ratio per stage, used by the ``'S'``
+            stages. Default: (8, 4, 2, 1).
+        attn_types (str, optional): One letter per stage: ``'S'`` PVT's spatial-reduction
+            attention, ``'L'`` simplified linear attention (``'LLLL'``: SLAB-PVT).
+            Default: all ``'S'``.
         mlp_ratios (Sequence[float]): FFN hidden width / channels per stage.
             Default: (8, 8, 4, 4).
         idle_ratio (float | Sequence[float]): Fraction of FFN hidden channels left linear
@@ -356,6 +384,7 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
         strides: Sequence[int] = (4, 2, 2, 2),
         paddings: Sequence[int] = (0, 0, 0, 0),
         sr_ratios: Sequence[int] = (8, 4, 2, 1),
+        attn_types: Optional[str] = None,
         mlp_ratios: Sequence[float] = (8, 8, 4, 4),
         idle_ratio: Union[float, Sequence[float]] = 0.0,
         qkv_bias: bool = True,
@@ -400,12 +429,19 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
         self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)
         norm = _prepbn_cfg(norm_cfg, prepbn_cfg)
         idle_ratios = per_stage_ratios(idle_ratio, self.num_stages, 'idle_ratio')
+        self.attn_types = stage_attn_types(attn_types, self.num_stages, 'LLLL')
         self.in_channels = in_channels
         self.num_features = [arch['embed_dims'] * h for h in num_heads]
         self.arch_settings = dict(arch, num_layers=depths, num_heads=num_heads)
+        # per stage: patch conv kernel, stride, padding and the reduction the attention applies
+        # (none in an 'L' stage: the linear attention sees every token)
         self._geometry = [
             (_pair(check_int(k, 'patch_sizes')), _pair(s), _pair(p), check_int(r, 'sr_ratios'))
             for k, s, p, r in zip(patch_sizes, strides, paddings, sr_ratios)
+        ]
+        self._geometry = [
+            (k, s, p, 1 if t == 'L' else r)
+            for (k, s, p, r), t in zip(self._geometry, self.attn_types)
         ]
         self.min_input_size = self._min_input_size()
         img = _pair(pretrain_img_size)
@@ -428,7 +464,8 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
                 self.patch_embed = embed
             # mmdet sizes each embedding by the product of the patch sizes (not the strides)
             cumulative_patch *= patch_sizes[i]
-            pos_shape = tuple(s // cumulative_patch for s in img) if use_abs_pos_embed else None
+            grid = tuple(s // cumulative_patch for s in img)  # the map at pretrain_img_size
+            pos_shape = grid if use_abs_pos_embed else None
             ffn_cfg = dict(
                 mlp_ratio=mlp_ratios[i],
                 idle_ratio=idle_ratios[i],
@@ -443,6 +480,8 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
                     num_heads[i],
                     sr_ratios[i],
                     ffn_cfg,
+                    attn_type=self.attn_types[i],
+                    linear_grid=grid,
                     qkv_bias=qkv_bias,
                     drop_rate=drop_rate,
                     attn_drop_rate=attn_drop_rate,
@@ -568,7 +607,22 @@ def _from_release(state_dict: Dict[str, torch.Tensor], model: PRepBNPVT) -> dict
         else:
             rest = rest.replace('.mlp.', '.ffn.').replace('.norm2.', '.ffn.norm1.')
             out[f'stages.{i}.blocks{rest}'] = v
-    return out
+    return _join_linear_qkv(out, model)
+
+
+def _join_linear_qkv(state_dict: Dict[str, torch.Tensor], model: PRepBNPVT) -> dict:
+    """SLAB-PVT's linear attention keeps PVT's ``q`` and ``kv``; the shared layer has one
+    ``qkv`` (q rows, then k and v rows, the order of ``kv``)."""
+    for i, stage in enumerate(model.stages):
+        for j, block in enumerate(stage.blocks):
+            if not isinstance(block.attn, SimplifiedLinearAttention):
+                continue
+            p = f'stages.{i}.blocks.{j}.attn.'
+            for leaf in ('weight', 'bias'):
+                if p + 'q.' + leaf in state_dict and p + 'kv.' + leaf in state_dict:
+                    q, kv = state_dict.pop(p + 'q.' + leaf), state_dict.pop(p + 'kv.' + leaf)
+                    state_dict[p + 'qkv.' + leaf] = torch.cat([q, kv])
+    return state_dict
 
 
 def _from_mmdet(state_dict: Dict[str, torch.Tensor], model: PRepBNPVT) -> dict:
@@ -614,7 +668,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: PRepBNPVT) 
     ``convert_weights`` layout recognised from the keys; the PVT release's classification
     checkpoints (``patch_embed1``, ``block1``, ``q``/``kv``, the class token dropped) and
     SLAB's (``LinearNorm``: ``X.norm1`` = LayerNorm branch, ``X.norm2`` = RepBN,
-    ``iter/total_step`` = λ). LayerNorm weights fill the LN branches of the PRepBNs. A
+    ``iter/total_step`` = λ), SLAB-PVT's too (its linear attention's ``q`` and ``kv`` joined
+    into ``qkv``). LayerNorm weights fill the LN branches of the PRepBNs. A
     checkpoint with more blocks, or another width, than the model is refused.
     """
     state_dict = from_linear_norm(strip_prefixes(state_dict))

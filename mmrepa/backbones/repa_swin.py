@@ -32,7 +32,13 @@ from ..layers import (
     checkpoint_forward,
     shifted_window_mask,
 )
-from ..options import check_int, per_stage, per_stage_ratios, pretrained_init_cfg
+from ..options import (
+    check_int,
+    per_stage,
+    per_stage_ratios,
+    pretrained_init_cfg,
+    stage_attn_types,
+)
 from ..registry import build_norm_layer
 from .base import DenseBackbone, drop_path_rates, lookup_arch, trunc_normal_init_
 
@@ -369,13 +375,7 @@ class RePaSwin(DenseBackbone):
         if ffn_norm not in ('BN', 'LN'):
             raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
         ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)
-        self.attn_types = attn_types or 'S' * self.num_stages
-        if len(self.attn_types) != self.num_stages or set(self.attn_types) - set('SL'):
-            raise ConfigError(
-                f'attn_types must have one letter per stage ({self.num_stages}), '
-                f"'S' (softmax window attention) or 'L' (simplified linear "
-                f"attention), e.g. 'LLSS'; got {attn_types!r}"
-            )
+        self.attn_types = stage_attn_types(attn_types, self.num_stages, 'LLSS')
         window_sizes = [window_size] * self.num_stages
         if 'L' in self.attn_types:
             linear = per_stage(linear_window_sizes, self.num_stages, 'linear_window_sizes')

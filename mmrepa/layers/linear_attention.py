@@ -1,6 +1,6 @@
 """SLAB's simplified linear attention (SLA, SPEC §2) inside windows."""
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -14,7 +14,7 @@ from ..options import head_dim
 class SimplifiedLinearAttention(BaseModule):
     """Linear attention with a ReLU kernel and a depthwise-conv local term, per window.
 
-    Per head, on the N = window_size² tokens of a window::
+    Per head, on the N tokens of a window (window_size² of them, or h·w)::
 
         K   = K + P                                    # P: learnable positional encoding (N, C)
         O_i = relu(Q_i) (relu(K)ᵀ V) / (relu(Q_i) Σ_j relu(K_j)ᵀ + 1e-6)
@@ -28,7 +28,9 @@ class SimplifiedLinearAttention(BaseModule):
     Args:
         embed_dims (int): Channels C.
         num_heads (int): Heads; C must be divisible by it.
-        window_size (int): Window side; the positional encoding has window_size² positions.
+        window_size (int | tuple[int, int]): Window side, or (h, w) of a non-square window
+            (a PVT stage's map at its pretraining size); the positional encoding has one
+            position per window token.
         qkv_bias (bool): Bias on the qkv projection. Default: True.
         proj_drop_rate (float): Dropout after the output projection. Default: 0.
         dwc_kernel_size (int): Kernel of the depthwise conv on V (odd). Default: 5.
@@ -43,7 +45,7 @@ class SimplifiedLinearAttention(BaseModule):
         self,
         embed_dims: int,
         num_heads: int,
-        window_size: int,
+        window_size: Union[int, Tuple[int, int]],
         qkv_bias: bool = True,
         proj_drop_rate: float = 0.0,
         dwc_kernel_size: int = 5,
@@ -56,11 +58,13 @@ class SimplifiedLinearAttention(BaseModule):
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.window_size = window_size
+        ws = tuple(window_size) if isinstance(window_size, (tuple, list)) else (window_size,) * 2
+        self.grid = ws  # (h, w) of the window
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
         self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim)
-        self.positional_encoding = nn.Parameter(torch.zeros(1, window_size**2, embed_dims))
+        self.positional_encoding = nn.Parameter(torch.zeros(1, ws[0] * ws[1], embed_dims))
 
     def attend(
         self,
@@ -69,17 +73,19 @@ class SimplifiedLinearAttention(BaseModule):
         hw_shape: Optional[Tuple[int, int]] = None,
     ) -> torch.Tensor:
         """qkv (B * nW, N, 3C) -> (B * nW, N, C) before ``proj``; ``mask`` is ignored.
-        ``hw_shape``: the token grid when it is not the window (a plain ViT's whole map at
-        another input size): the positional encoding is resized to it (bicubic), as a ViT's
-        position embedding is."""
+        ``hw_shape``: the token grid when it is not the window (a plain ViT's or a PVT
+        stage's whole map at another input size): the positional encoding is resized to it
+        (bicubic), as a ViT's position embedding is."""
         BnW, N, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        h, ws = self.num_heads, self.window_size
-        grid = (ws, ws) if hw_shape is None else tuple(hw_shape)
+        h = self.num_heads
+        grid = self.grid if hw_shape is None else tuple(hw_shape)
         q, k, v = qkv.view(BnW, N, 3, C).unbind(2)
         pe = self.positional_encoding
-        if grid != (ws, ws):
+        if grid != self.grid:
             pe = (
-                F.interpolate(pe.transpose(1, 2).reshape(1, C, ws, ws), size=grid, mode='bicubic')
+                F.interpolate(
+                    pe.transpose(1, 2).reshape(1, C, *self.grid), size=grid, mode='bicubic'
+                )
                 .flatten(2)
                 .transpose(1, 2)
             )

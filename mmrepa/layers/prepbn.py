@@ -97,12 +97,13 @@ class PRepBN(ScheduledScalar, nn.Module):
 
 # SLAB's LinearNorm(norm1=LayerNorm, norm2=RepBN(bn, alpha)) with its step-counter buffers.
 _LINEAR_NORM_KEY = re.compile(
-    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step)$'
+    r'^(?P<prefix>.+)\.(?P<rest>norm1\.(weight|bias)|norm2\.bn\..+|norm2\.alpha|iter|total_step|warm)$'
 )
 
 
 def from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step.
+    """SLAB ``LinearNorm`` keys -> :class:`PRepBN` keys; λ = iter / total_step, or 1 while its
+    LayerNorm-only warm-up (``warm`` iterations left) lasts.
 
     ``X.norm1.*`` is the LayerNorm branch, ``X.norm2.bn.*`` and ``X.norm2.alpha`` the RepBN;
     only prefixes that have a ``norm2.alpha`` are LinearNorms (a block's own ``norm1`` is not).
@@ -115,7 +116,7 @@ def from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
             out[k] = v
             continue
         prefix, rest = m['prefix'], m['rest']
-        if rest in ('iter', 'total_step'):
+        if rest in ('iter', 'total_step', 'warm'):
             steps.setdefault(prefix, {})[rest] = float(v)
             continue
         rest = (
@@ -129,5 +130,6 @@ def from_linear_norm(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
     for prefix, s in steps.items():
         if s.get('total_step'):
             lam = min(1.0, max(0.0, s.get('iter', 0.0) / s['total_step']))
+            lam = 1.0 if s.get('warm', 0.0) > 0 else lam
             out[f'{prefix}.lam'] = torch.tensor(lam)
     return out

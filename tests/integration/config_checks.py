@@ -34,14 +34,14 @@ from tests.helpers import (
 # their s18 / s12 config and differ only in drop rates (and RePa-PoolFormer's in the optimizer's
 # numbers); IdentityFormer-S12, whose recipe and blocks are RandFormer-S12's; the 4- and
 # 3-layer depth re-parameterized ViT configs, which differ from the 6-layer ones in depth; the
-# PRepBN-PVT S / M configs, which differ from T in the arch, drop path, λ decay and checkpoint
-# only (the same channels: nothing to wire).
+# PRepBN-PVT and SLAB-PVT S / M configs, which differ from T in the arch, drop path, λ decay and
+# checkpoint only (the same channels: nothing to wire).
 _REDUNDANT = re.compile(
     r'(_deploy_in1k|(convformer|caformer)_(s36|m36|b36)_32xb128_in1k)\.py$'
     r'|(poolformer|poolformerv2|identityformer|randformer)_(s24|s36|m36|m48)_32xb128_in1k\.py$'
     r'|identityformer_s12_32xb128_in1k\.py$'  # randformer_s12's model without random mixing
     r'|depthrep_vit_tiny_d[34]_'
-    r'|prepbn_pvt_[sm]_(1x|8xb128)_'
+    r'|(prepbn|slab)_pvt_[sm]_(1x|8xb128)_'
     r'|_fsdp[-_]'  # a config above with a sharded runtime: tests/integration/test_fsdp.py
 )
 CONFIGS = sorted(

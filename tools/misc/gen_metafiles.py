@@ -101,6 +101,7 @@ COLLECTIONS = {
         ['PRepBNSwin', 'PRepBN', 'Simplified linear attention'],
     ),
     'PRepBN-PVT': ('prepbn_pvt', 'slab', ['PRepBNPVT', 'PRepBN']),
+    'SLAB-PVT': ('prepbn_pvt', 'slab', ['PRepBNPVT', 'PRepBN', 'Simplified linear attention']),
     'RepOpt-VGG': (
         'repopt_vgg',
         'repoptimizers',
@@ -277,6 +278,10 @@ PAPER_RESULTS = {
     'slab_swin_s_8xb128_in1k': _top1(
         83.6, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'
     ),
+    # SLAB-PVT-T only: the paper has no SLAB-PVT-S / M
+    'slab_pvt_t_8xb128_in1k': _top1(
+        76.5, f'reported in the SLAB paper (Tables 2 and 6), {_NOT_REPRODUCED}'
+    ),
     # RePaFormer Table 1 (post-reparameterization top-1 at 224 px); SLAB Tables 1 and 2
     **{
         f'repa_deit_{size}_32xb128_in1k': _top1(
@@ -416,7 +421,7 @@ def family(backbone: dict) -> str:
     if kind == 'PRepBNViT':
         return 'SLAB-DeiT' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-DeiT'
     if kind == 'PRepBNPVT':
-        return 'PRepBN-PVT'
+        return 'SLAB-PVT' if 'L' in str(backbone.get('attn_types') or 'S') else 'PRepBN-PVT'
     if kind == 'RepOptVGG':
         return 'RepVGG' if backbone.get('mode') == 'repvgg' else 'RepOpt-VGG'
     if kind == 'DepthRepViT':

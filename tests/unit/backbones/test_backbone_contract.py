@@ -42,6 +42,13 @@ BACKBONES = {
         pretrain_img_size=64,
         **kw,
     ),
+    # SLAB-PVT: linear attention in every stage, its positional encodings sized for 64 px
+    'slab_pvt': lambda **kw: PRepBNPVT(
+        dict(embed_dims=8, num_layers=(1, 2, 1, 1), num_heads=(1, 2, 2, 4)),
+        pretrain_img_size=64,
+        attn_types='LLLL',
+        **kw,
+    ),
     'convformer': lambda **kw: ConvFormer(META, **kw),
     'repa_convformer': lambda **kw: ConvFormer(META, idle_ratio=0.5, **kw),
     'caformer': lambda **kw: CAFormer(META, head_dim=16, window_size=(None, None, 2, 2), **kw),

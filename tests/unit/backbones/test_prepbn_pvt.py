@@ -1,8 +1,11 @@
-"""PRepBN-PVT: mmdet's PVT at λ = 1, exact folding on awkward sizes, checkpoints, bad input."""
+"""PRepBN-PVT and SLAB-PVT: mmdet's PVT at λ = 1, SLAB-PVT's linear attention against its
+formula from a checkpoint in SLAB's layout, exact folding on awkward sizes, checkpoints, bad
+input."""
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from mmrepa import fold_model
 from mmrepa.backbones import PRepBNPVT, PRepBNSwin
@@ -100,9 +103,14 @@ def test_prepbn_schedule_hook_drives_every_norm():
     ]
 
 
-@pytest.mark.parametrize('paddings', [(0, 0, 0, 0), (1, 1, 0, 1)])
-def test_fold_is_exact_and_leaves_no_norm(paddings, tmp_path):
-    model = randomize_(ours(paddings=paddings, patch_sizes=(5, 3, 2, 2), idle_ratio=0.5)).eval()
+@pytest.mark.parametrize(
+    'paddings, attn_types', [((0, 0, 0, 0), None), ((1, 1, 0, 1), None), ((1, 1, 0, 1), 'LLSL')]
+)
+def test_fold_is_exact_and_leaves_no_norm(paddings, attn_types, tmp_path):
+    """Linear attention on maps other than its positional encoding's (56 x 56 at 224 px,
+    resized), non-square, its depthwise conv padding ``v`` at the borders."""
+    kw = dict(paddings=paddings, patch_sizes=(5, 3, 2, 2), idle_ratio=0.5, attn_types=attn_types)
+    model = randomize_(ours(**kw)).eval()
     x = torch.randn(SIZE, dtype=torch.float64)
     with torch.no_grad():
         before = model(x)
@@ -110,16 +118,17 @@ def test_fold_is_exact_and_leaves_no_norm(paddings, tmp_path):
         after = model(x)
     assert rel_diff(before, after) < 1e-10
     assert not [m for m in model.modules() if isinstance(m, (PRepBN, nn.LayerNorm))]
-    deployed = ours(paddings=paddings, patch_sizes=(5, 3, 2, 2), idle_ratio=0.5, deploy=True)
+    deployed = ours(**kw, deploy=True)
     detector = {'backbone.' + k: v for k, v in model.state_dict().items()}
     load(deployed, detector, tmp_path)  # the folded checkpoint of a whole detector
     with torch.no_grad():
         assert rel_diff(after, deployed.eval()(x)) == 0
 
 
-def test_fold_is_close_in_float32():
+@pytest.mark.parametrize('attn_types', [None, 'LLLL'])
+def test_fold_is_close_in_float32(attn_types):
     """PVT's init with random norms (all random weights make the residual stream ~1e7)."""
-    model = ours().float()
+    model = ours(attn_types=attn_types).float()
     for m in model.modules():
         if isinstance(m, PRepBN):
             randomize_(m)
@@ -164,9 +173,157 @@ def test_layernorm_checkpoint_of_another_size_or_family_is_refused(tmp_path):
         (dict(norm_after_stage=True), r'norm_after_stage=True \(a PVTv2 option\)'),
         (dict(arch='small', num_layers=[2, 2, 2, 2]), r"arch='small' has num_layers"),
         (dict(sr_ratios=(8, 4, 2)), r'sr_ratios has 3 entries'),
+        (dict(attn_types='LLL'), r"attn_types must have one letter per stage \(4\).*'LLL'"),
+        (dict(attn_types='LLXS'), r"attn_types must have one letter per stage \(4\).*'LLXS'"),
     ],
 )
 def test_bad_options_say_what_is_wrong_in_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
         PRepBNPVT(**kwargs)
     assert '\n' not in str(info.value)
+
+
+# ----------------------------------------------------------------- SLAB-PVT in SLAB's layout
+
+DIMS, HEADS, DEPTHS = (8, 16, 16, 32), (1, 2, 2, 4), (1, 2, 1, 1)
+SLAB_IMAGE = (64, 96)  # the pretraining size: SLAB's positional encodings fit it as they are
+
+
+def slab_pvt_state_dict():
+    """Random tensors under the names SLAB's slab_pvt.py saves (LinearNorm norms with their
+    step counters, separate ``q`` and ``kv``, a 5 x 5 ``dwc`` of head_dim channels, per-stage
+    positional encodings of the whole map, no class token, a head)."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, scale=0.3):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    out = {'head.weight': r(10, DIMS[-1]), 'head.bias': r(10)}
+
+    def linear_norm(p, C):
+        out.update({p + '.norm1.weight': 1 + r(C), p + '.norm1.bias': r(C)})
+        out.update({p + '.norm2.alpha': 1 + r(1), p + '.norm2.bn.weight': 1 + r(C)})
+        out.update({p + '.norm2.bn.bias': r(C), p + '.norm2.bn.running_mean': r(C)})
+        out[p + '.norm2.bn.running_var'] = 0.5 + torch.rand(C, generator=g, dtype=torch.float64)
+        out[p + '.norm2.bn.num_batches_tracked'] = torch.tensor(7)
+        out.update({p + '.warm': torch.tensor(0), p + '.iter': torch.tensor(0)})
+        out[p + '.total_step'] = torch.tensor(300000)
+
+    c_in, side = 3, 1
+    for s, (C, h, depth) in enumerate(zip(DIMS, HEADS, DEPTHS), 1):
+        k = 4 if s == 1 else 2
+        side *= k
+        N = (SLAB_IMAGE[0] // side) * (SLAB_IMAGE[1] // side)
+        out.update(
+            {f'patch_embed{s}.proj.weight': r(C, c_in, k, k), f'patch_embed{s}.proj.bias': r(C)}
+        )
+        linear_norm(f'patch_embed{s}.norm', C)
+        out[f'pos_embed{s}'] = r(1, N, C)
+        hidden = C * (8 if s < 3 else 4)
+        for j in range(depth):
+            p = f'block{s}.{j}.'
+            linear_norm(p + 'norm1', C)
+            linear_norm(p + 'norm2', C)
+            for name, shape in [
+                ('attn.q', (C, C)),
+                ('attn.kv', (2 * C, C)),
+                ('attn.proj', (C, C)),
+                ('mlp.fc1', (hidden, C)),
+                ('mlp.fc2', (C, hidden)),
+            ]:
+                out[f'{p}{name}.weight'], out[f'{p}{name}.bias'] = r(*shape), r(shape[0])
+            d = C // h
+            out[p + 'attn.dwc.weight'], out[p + 'attn.dwc.bias'] = r(d, 1, 5, 5), r(d)
+            out[p + 'attn.positional_encoding'] = r(1, N, C)
+        c_in = C
+    return out
+
+
+def slab_pvt_reference(sd, x, bn_eps):
+    """SLAB-PVT's eval-mode forward written naively from ``sd`` (SLAB's names): RepBN is
+    ``BN(x) + alpha x``; per head ``relu(q) relu(k)ᵀ v / (relu(q) Σ relu(k)ᵀ + 1e-6)`` as the
+    (N, N) product, plus the depthwise conv of ``v`` on the map. On another input size the
+    position embeddings (bilinear, as SLAB's PVT) and the positional encodings (bicubic) are
+    resized as (h, w) images of the pretraining map."""
+
+    def repbn(p, t):
+        bn = (t - sd[p + '.norm2.bn.running_mean']) / torch.sqrt(
+            sd[p + '.norm2.bn.running_var'] + bn_eps
+        )
+        return (
+            bn * sd[p + '.norm2.bn.weight'] + sd[p + '.norm2.bn.bias'] + sd[p + '.norm2.alpha'] * t
+        )
+
+    def linear(p, t):
+        return t @ sd[p + '.weight'].T + sd[p + '.bias']
+
+    def resized(pe, grid, hw, mode):
+        image = pe.transpose(1, 2).reshape(1, -1, *grid)
+        return F.interpolate(image, size=hw, mode=mode).flatten(2).transpose(1, 2)
+
+    outs, side = [], 1
+    for s, (C, h, depth) in enumerate(zip(DIMS, HEADS, DEPTHS), 1):
+        w = sd[f'patch_embed{s}.proj.weight']
+        x = F.conv2d(x, w, sd[f'patch_embed{s}.proj.bias'], stride=w.shape[-1])
+        B, _, H, W = x.shape
+        side *= w.shape[-1]
+        grid = (SLAB_IMAGE[0] // side, SLAB_IMAGE[1] // side)
+        pos = resized(sd[f'pos_embed{s}'], grid, (H, W), 'bilinear')
+        t = repbn(f'patch_embed{s}.norm', x.flatten(2).transpose(1, 2)) + pos
+        for j in range(depth):
+            p, d = f'block{s}.{j}.', C // h
+            u = repbn(p + 'norm1', t)
+            q = F.relu(linear(p + 'attn.q', u))
+            k, v = linear(p + 'attn.kv', u).split(C, dim=-1)
+            k = F.relu(k + resized(sd[p + 'attn.positional_encoding'], grid, (H, W), 'bicubic'))
+            heads = []
+            for i in range(h):
+                qi, ki, vi = (a[..., i * d : (i + 1) * d] for a in (q, k, v))
+                den = qi @ ki.sum(1, keepdim=True).transpose(1, 2) + 1e-6
+                local = F.conv2d(
+                    vi.transpose(1, 2).reshape(B, d, H, W),
+                    sd[p + 'attn.dwc.weight'],
+                    sd[p + 'attn.dwc.bias'],
+                    padding=2,
+                    groups=d,
+                )
+                heads.append(
+                    (qi @ ki.transpose(1, 2)) @ vi / den + local.flatten(2).transpose(1, 2)
+                )
+            t = t + linear(p + 'attn.proj', torch.cat(heads, -1))
+            t = t + linear(p + 'mlp.fc2', F.gelu(linear(p + 'mlp.fc1', repbn(p + 'norm2', t))))
+        x = t.transpose(1, 2).reshape(B, C, H, W)
+        outs.append(x)
+    return outs
+
+
+def slab_pvt(**kw):
+    arch = dict(embed_dims=8, num_layers=DEPTHS, num_heads=HEADS)
+    return PRepBNPVT(arch, pretrain_img_size=SLAB_IMAGE, attn_types='LLLL', **kw).double()
+
+
+def test_slab_pvt_checkpoint_is_slabs_formula(tmp_path):
+    """A checkpoint in SLAB's slab_pvt.py layout loads whole (q and kv joined into qkv, the
+    step counters read as λ, the head dropped) and the backbone computes SLAB-PVT's formula,
+    unfolded and folded, on a non-square map (the depthwise conv sees the rows in order)."""
+    sd = slab_pvt_state_dict()
+    model = slab_pvt(drop_path_rate=0.0)
+    assert set(model.filter_checkpoint(dict(sd))) == set(model.state_dict())
+    load(model, sd, tmp_path).eval()
+    assert {layer.current_lambda for layer in model.prepbn_layers()} == {0.0}
+    bn_eps = model.patch_embed.norm.repbn.bn.eps  # SLAB's BatchNorm1d has 1e-5, see the docs
+    images = [torch.randn(2, 3, *hw, dtype=torch.float64) for hw in (SLAB_IMAGE, (96, 80))]
+    with torch.no_grad():
+        expected = [slab_pvt_reference(sd, x, bn_eps) for x in images]
+        for x, ref in zip(images, expected):
+            assert rel_diff(ref, model(x)) < 1e-10
+        fold_model(model, logger=None)
+        for x, ref in zip(images, expected):
+            assert rel_diff(ref, model(x)) < 1e-10
+
+
+def test_linear_attention_stages_reduce_nothing():
+    """An 'L' stage ignores its sr_ratio: it does not bound the input size."""
+    kw = dict(KW, sr_ratios=(16, 4, 2, 1))
+    assert PRepBNPVT(**kw).min_input_size == 64
+    assert PRepBNPVT(**kw, attn_types='LSSS').min_input_size == 32

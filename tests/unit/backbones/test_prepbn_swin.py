@@ -137,7 +137,7 @@ def test_norm_eval_freezes_the_statistics_inside_prepbn():
     'kwargs, message',
     [
         (dict(attn_types='LLS'), r'attn_types must have one letter per stage \(4\)'),
-        (dict(attn_types='LLXS'), r"'S' \(softmax window attention\) or 'L'"),
+        (dict(attn_types='LLXS'), r"'S' \(softmax attention\) or 'L'"),
         (
             dict(attn_types='LLSS', linear_window_sizes=(56, 28)),
             'linear_window_sizes has 2 entries but the arch has 4 stages',
