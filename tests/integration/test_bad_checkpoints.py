@@ -6,14 +6,12 @@ import importlib.util
 import os
 import os.path as osp
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from mmrepa.apis import init_model
-from tests.helpers import DEMO, ROOT
+from tests.helpers import DEMO, ROOT, run_script_here
 
 
 def tool(name):
@@ -85,22 +83,17 @@ def test_test_tool_refuses_an_unreadable_checkpoint_before_writing_anything(file
     os.makedirs(tmp_path / 'val')
     (tmp_path / 'annotations' / 'val.json').write_text('{}')  # the data exist, the weights not
     work = str(tmp_path / 'work')
-    proc = subprocess.run(
-        [
-            sys.executable,
-            'tools/test.py',
-            DEMO,
-            paths['truncated'],
-            '--work-dir',
-            work,
-            '--cfg-options',
-            f'test_dataloader.dataset.data_root={tmp_path}/',
-            f'test_evaluator.ann_file={tmp_path}/annotations/val.json',
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    # in this process (a traceback would raise here): the stop is one line, as in a terminal
+    _, log = run_script_here(
+        'tools/test.py',
+        DEMO,
+        paths['truncated'],
+        '--work-dir',
+        work,
+        '--cfg-options',
+        f'test_dataloader.dataset.data_root={tmp_path}/',
+        f'test_evaluator.ann_file={tmp_path}/annotations/val.json',
+        ok=False,
     )
-    assert proc.returncode != 0 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
-    assert 'truncated.pth is not a readable PyTorch checkpoint' in proc.stderr
+    assert 'truncated.pth is not a readable PyTorch checkpoint' in log.splitlines()[-1], log[-2000:]
     assert not osp.exists(work)
