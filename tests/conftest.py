@@ -119,6 +119,15 @@ def _old_objects_out_of_full_collections():
     yield
 
 
+@pytest.fixture(autouse=True, scope='module')
+def _module_mmengine_instances():
+    """What a module fixture's Runner left (a logger, a visualizer of the config's name and
+    second) is dropped with the module: a later module's runner of the same name would take
+    it instead of building its own (mmdet's hook then got a plain mmengine Visualizer)."""
+    with fresh_mmengine_instances():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
