@@ -2,7 +2,7 @@
 as trained in eager PyTorch float32 against folded in OpenVINO INT8.
 
     OMP_NUM_THREADS=1 python benchmarks/demo_end_to_end.py [--only NAME [NAME ...]]
-        [--images 20] [--repeat 60] [--demo-root DIR]
+        [--images 20] [--repeat 60] [--no-mmdeploy] [--demo-root DIR]
         [--out benchmarks/results/openvino_demo_end_to_end.json]
 
 Per demo model (benchmarks/demo_models.py), four variants, each one call of mmdet's
@@ -20,6 +20,17 @@ gets:
   --form folded`` writes (NNCF post-training, calibrated on train images through the config's
   test pipeline); its test metric and the float32 one are benchmarks/quantize_demo_models.py's
   ``openvino`` rows.
+
+and the whole model in OpenVINO, through mmdeploy (``tools/deploy.py`` with the
+``*_openvino_static.py`` deploy config: every part, NMS and RoI heads included, in the graph)
+and mmdeploy's own inference path (the task processor's ``create_input`` and the backend
+model's ``test_step``, which post-processes as mmdeploy does):
+
+- ``mmdeploy_fp32``: that IR in float32;
+- ``mmdeploy_int8``: that IR quantized by NNCF (``mmrepa.integrations.openvino.quantize_nncf``,
+  calibrated as tools/quantize.py does, 64 train images through the config's test pipeline); both
+  evaluated here on the whole validation set (``whole_model_metric``), as tools/quantize.py
+  cannot quantize a whole two-stage detector or segmentor;
 
 and, to show the part no runtime changes, ``pipeline``: the same call with a model that only runs
 the data preprocessor (file, decoding, test pipeline, preprocessing; no network, no
@@ -59,6 +70,12 @@ from demo_models import (  # noqa: E402
 # (--full: single-stage detectors) or the backbone
 DEFAULT = {'retinanet': True, 'mask-rcnn': False, 'upernet': False}
 VARIANTS = ('trained', 'folded', 'openvino_fp32', 'openvino_int8')
+WHOLE = ('mmdeploy_fp32', 'mmdeploy_int8')
+DEPLOY_CFG = {
+    'retinanet': 'detection_openvino_static.py',
+    'mask-rcnn': 'instance-seg_openvino_static.py',
+    'upernet': 'segmentation_openvino_static.py',
+}
 
 
 class PipelineOnly(torch.nn.Module):
@@ -109,6 +126,59 @@ def int8_ir(config, ckpt, full: bool, out: str) -> dict:
     return run_tool('quantize.py', args, dump)
 
 
+def whole_model_metric(backend_model, cfg) -> dict:
+    """The config's test metric with mmdeploy's backend model, batch 1."""
+    from mmengine.evaluator import Evaluator
+    from mmengine.runner import Runner
+
+    loader_cfg = copy.deepcopy(cfg.test_dataloader)
+    loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
+    loader = Runner.build_dataloader(loader_cfg)
+    evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
+    evaluator.dataset_meta = loader.dataset.metainfo
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        for batch in loader:
+            evaluator.process(data_samples=backend_model.test_step(batch), data_batch=batch)
+        metrics = evaluator.evaluate(len(loader.dataset))
+    return {k: float(v) for k, v in metrics.items() if not isinstance(v, (list, tuple))}
+
+
+def whole_models(name: str, config: str, ckpt: str, calib, tmp: str):
+    """tools/deploy.py to OpenVINO, the IR quantized by NNCF; {variant: image path -> result},
+    {variant: metric}, tools/deploy.py's report."""
+    from mmdeploy.apis.utils import build_task_processor
+    from mmdeploy.utils import get_input_shape
+    from mmengine.config import Config
+
+    import mmrepa.integrations.mmdeploy  # noqa: F401  (the current OpenVINO backend)
+    from mmrepa.integrations.openvino import op_counts, quantize_nncf, read_model, save_ir
+
+    out = osp.join(tmp, f'{name}_deploy')
+    deploy_cfg = osp.join(ROOT, 'configs', 'deploy', DEPLOY_CFG[name])
+    print(f'{name}: the whole model to OpenVINO (tools/deploy.py), NNCF INT8 ...', flush=True)
+    report = run_tool(
+        'deploy.py', [config, ckpt, deploy_cfg, '--out', out], osp.join(out, 'report.json')
+    )
+    deploy_cfg = Config.fromfile(osp.join(out, 'deploy_cfg.py'))
+    model_cfg = Config.fromfile(osp.join(out, 'model_cfg.py'))
+    xml = {'mmdeploy_fp32': osp.join(out, 'end2end.xml')}
+    xml['mmdeploy_int8'] = osp.join(tmp, f'{name}_end2end_int8.xml')
+    save_ir(quantize_nncf(read_model(xml['mmdeploy_fp32']), calib), xml['mmdeploy_int8'])
+    report['int8_fake_quantize'] = op_counts(xml['mmdeploy_int8']).get('FakeQuantize', 0)
+    processor = build_task_processor(model_cfg, deploy_cfg, 'cpu')
+    shape = get_input_shape(deploy_cfg)
+    calls, metrics = {}, {}
+    for k, path in xml.items():
+        backend_model = processor.build_backend_model([path], processor.update_data_preprocessor)
+        metrics[k] = whole_model_metric(backend_model, model_cfg)
+
+        def call(image, m=backend_model):
+            return m.test_step(processor.create_input(image, shape)[0])[0]
+
+        calls[k] = call
+    return calls, metrics, report
+
+
 def measure(name: str, full: bool, args, tmp: str) -> dict:
     from mmrepa import reparameterize
     from mmrepa.apis import init_model
@@ -136,10 +206,21 @@ def measure(name: str, full: bool, args, tmp: str) -> dict:
         openvino_int8=SessionModel(folded, OpenVINOSession(xml, threads), full),
     )
     calls = {k: inference(m) for k, m in models.items()}
+    whole = {}
+    if args.mmdeploy:
+        calib = pipeline_inputs(trained.cfg, trained.data_preprocessor, 64, 'train')
+        whole_calls, whole_metrics, deploy_report = whole_models(name, config, ckpt, calib, tmp)
+        calls.update(whole_calls)
+        whole = dict(
+            whole_model_metric=whole_metrics,
+            deploy_report={k: v for k, v in deploy_report.items() if 'vs_pytorch' in k},
+            whole_model_int8_fake_quantize=deploy_report['int8_fake_quantize'],
+        )
+    compared = tuple(calls)
     calls['pipeline'] = inference(PipelineOnly(trained))
     paths = [path for _, path in images]
     with torch.no_grad():
-        first = {k: calls[k](paths[0]) for k in VARIANTS}
+        first = {k: calls[k](paths[0]) for k in compared}
     state = dict(n=0)
 
     def variant(call):
@@ -166,12 +247,13 @@ def measure(name: str, full: bool, args, tmp: str) -> dict:
         images=len(paths),
         latency_ms={k: dict(median=v.median, min=v.min, max=v.max) for k, v in stats.items()},
         end_to_end=ms['trained'] / ms['openvino_int8'],
-        ratios_to_trained={k: ms['trained'] / ms[k] for k in VARIANTS},
+        ratios_to_trained={k: ms['trained'] / ms[k] for k in compared},
         int8_vs_openvino_fp32=ms['openvino_fp32'] / ms['openvino_int8'],
+        **whole,
         int8_sqnr_db=quantized['sqnr_db'],
         int8_fake_quantize=quantized.get('int8_ops', {}).get('fake_quantize'),
         agreement_with_trained={
-            k: agreement(first['trained'], first[k]) for k in VARIANTS if k != 'trained'
+            k: agreement(first['trained'], first[k]) for k in compared if k != 'trained'
         },
         **stamp(),
     )
@@ -183,6 +265,12 @@ def main(argv=None):
     parser.add_argument('--images', type=int, default=20, help='validation images cycled')
     parser.add_argument('--repeat', type=int, default=60, help='timed rounds')
     parser.add_argument('--warmup', type=int, default=5, help='untimed rounds first')
+    parser.add_argument(
+        '--no-mmdeploy',
+        dest='mmdeploy',
+        action='store_false',
+        help='skip the whole models through mmdeploy',
+    )
     parser.add_argument(
         '--out',
         default=osp.join(ROOT, 'benchmarks', 'results', 'openvino_demo_end_to_end.json'),
@@ -208,15 +296,19 @@ def main(argv=None):
     write_json(results, out)
     print(
         '\n| model | OpenVINO runs | trained eager ms | folded eager | OV fp32 | OV INT8 | '
-        'pipeline only | end to end |\n|---|---|---|---|---|---|---|---|'
+        'mmdeploy OV fp32 | mmdeploy OV INT8 | pipeline only | end to end |\n'
+        '|---|---|---|---|---|---|---|---|---|---|'
     )
     for r in results['models']:
-        ms = {k: r['latency_ms'][k]['median'] for k in (*VARIANTS, 'pipeline')}
+        cols = (*VARIANTS, *WHOLE, 'pipeline')
+        ms = {k: r['latency_ms'].get(k, {}).get('median', float('nan')) for k in cols}
         print(
             f'| {r["backbone"]} {r["what"]} | {r["openvino_part"]} | '
-            + ' | '.join(f'{ms[k]:.1f}' for k in (*VARIANTS, 'pipeline'))
+            + ' | '.join(f'{ms[k]:.1f}' for k in cols)
             + f' | {r["end_to_end"]:.2f}x |'
         )
+        if 'whole_model_metric' in r:
+            print('  whole model metric (mmdeploy):', r['whole_model_metric'])
     for s in results['skipped']:
         print('skipped:', s)
     print(f'wrote {out}')
