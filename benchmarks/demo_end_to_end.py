@@ -5,11 +5,11 @@ as trained in eager PyTorch float32 against folded in OpenVINO INT8.
         [--images 20] [--repeat 60] [--no-mmdeploy] [--demo-root DIR]
         [--out benchmarks/results/openvino_demo_end_to_end.json]
 
-Per demo model (benchmarks/demo_models.py), four variants, each one call of mmdet's
-``inference_detector`` (mmseg's ``inference_model``) on a validation image file: reading and
-decoding the file, the config's test pipeline, the data preprocessor, the model, and the
-post-processing (NMS, mask pasting, resizing to the image, argmax), to the data sample a user
-gets:
+Per demo model (benchmarks/demo_models.py), variants that each go from a validation image
+file to the data sample a user gets: reading and decoding the file, the config's test pipeline,
+the data preprocessor, the model, and the post-processing (NMS, mask pasting, resizing to the
+image, argmax). Four are one call of mmdet's ``inference_detector`` (mmseg's
+``inference_model``):
 
 - ``trained``: the checkpoint as trained (unfolded), eager PyTorch float32;
 - ``folded``: folded (mmrepa.reparameterize), eager PyTorch float32;
@@ -19,11 +19,11 @@ gets:
 - ``openvino_int8``: the same with the INT8 IR that ``tools/quantize.py --backend openvino
   --form folded`` writes (NNCF post-training, calibrated on train images through the config's
   test pipeline); its test metric and the float32 one are benchmarks/quantize_demo_models.py's
-  ``openvino`` rows.
+  ``openvino`` rows;
 
-and the whole model in OpenVINO, through mmdeploy (``tools/deploy.py`` with the
-``*_openvino_static.py`` deploy config: every part, NMS and RoI heads included, in the graph)
-and mmdeploy's own inference path (the task processor's ``create_input`` and the backend
+two run the whole model in OpenVINO, exported through mmdeploy (``tools/deploy.py`` with the
+``*_openvino_static.py`` deploy config: every part, NMS and RoI heads included, in the graph),
+and run by mmdeploy's own inference path (the task processor's ``create_input`` and the backend
 model's ``test_step``, which post-processes as mmdeploy does):
 
 - ``mmdeploy_fp32``: that IR in float32;
