@@ -11,6 +11,10 @@ and the depth-reparameterized ViT
 
     python tools/train.py configs/demo/classifier_depthrep_vit_shapes.py \
         --work-dir work_dirs/demo/depthrep_vit
+
+The demo lives in this checkout unless a benchmark's ``--demo-root`` names another one (the
+folder holding ``work_dirs/demo`` and the ``data/`` its configs name by relative paths); the
+tools then run there, with this checkout's mmrepa.
 """
 
 import json
@@ -22,17 +26,33 @@ import time
 from typing import List, NamedTuple
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'work_dirs', 'demo')
+DEMO_ROOT = ROOT  # where work_dirs/demo and data/ are: see use_demo_root
+
+
+def use_demo_root(root: str) -> None:
+    """Take the demo models from ``root``/work_dirs/demo and run the tools in ``root`` (where
+    the configs' relative data paths point)."""
+    global DEMO_ROOT
+    DEMO_ROOT = osp.abspath(root)
+
+
+def add_demo_root_argument(parser) -> None:
+    parser.add_argument(
+        '--demo-root',
+        default=ROOT,
+        help='the checkout whose work_dirs/demo (and data/) to measure (default: this one)',
+    )
 
 
 class DemoModel(NamedTuple):
     what: str  # the kind of model
     backbone: str  # the backbone family
-    config: str  # under DEMO: the config saved next to the checkpoint
-    checkpoint: str  # under DEMO
+    config: str  # under work_dirs/demo: the config saved next to the checkpoint
+    checkpoint: str  # under work_dirs/demo
 
     def paths(self):
-        return osp.join(DEMO, self.config), osp.join(DEMO, self.checkpoint)
+        demo = osp.join(DEMO_ROOT, 'work_dirs', 'demo')
+        return osp.join(demo, self.config), osp.join(demo, self.checkpoint)
 
     def missing(self) -> List[str]:
         return [p for p in self.paths() if not osp.exists(p)]
@@ -80,11 +100,13 @@ MODELS = {
 
 
 def run_tool(tool: str, args: List[str], dump: str) -> dict:
-    """Run ``tools/<tool>`` in its own process (one thread unless OMP_NUM_THREADS says
-    otherwise) and return the JSON it wrote to ``dump``."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
+    """Run this checkout's ``tools/<tool>`` in its own process (one thread unless
+    OMP_NUM_THREADS says otherwise), in the demo root, and return the JSON it wrote to
+    ``dump``."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'), PYTHONPATH=path)
     command = [sys.executable, osp.join(ROOT, 'tools', tool), *args]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=DEMO_ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(
             f'tools/{tool} {" ".join(args)} failed:\n' + (proc.stdout + proc.stderr)[-3000:]

@@ -1,7 +1,8 @@
 """Deployment speed and accuracy per backbone family: the README's deployment table.
 
     OMP_NUM_THREADS=1 python benchmarks/deploy_table.py \
-        [--out benchmarks/results/deploy_table.json] [--only NAME [NAME ...]] [--repeat R]
+        [--out benchmarks/results/deploy_table.json] [--only NAME [NAME ...]] [--repeat R] \
+        [--demo-root DIR]
 
 ``--only`` measures those again and keeps the other rows of ``--out``.
 
@@ -53,7 +54,15 @@ from mmrepa.utils.latency import cpu_name, time_interleaved
 from mmrepa.utils.machine import finish, machine_info
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from demo_models import MODELS, ROOT, run_tool, stamp, threads_from_env  # noqa: E402
+from demo_models import (  # noqa: E402
+    MODELS,
+    ROOT,
+    add_demo_root_argument,
+    run_tool,
+    stamp,
+    threads_from_env,
+    use_demo_root,
+)
 
 FORMS = ('unfolded', 'folded', 'identity-apart')
 TORCH_FORMS = ('unfolded', 'folded')  # identity-apart is an INT8 form
@@ -256,7 +265,12 @@ def main(argv=None):
         help="measure these models again; the others' results in --out stay",
     )
     parser.add_argument('--repeat', type=int, default=200, help='timed rounds per measurement')
+    add_demo_root_argument(parser)
     args = parser.parse_args(argv)
+    args.out = osp.abspath(args.out)
+    command = ' '.join([osp.relpath(osp.abspath(sys.argv[0]), ROOT), *sys.argv[1:]])
+    use_demo_root(args.demo_root)
+    os.chdir(args.demo_root)  # where the demo configs' relative data paths point
     import onnxruntime
 
     torch.set_flush_denormal(True)  # as tools/benchmark.py
@@ -268,7 +282,7 @@ def main(argv=None):
         onnxruntime=onnxruntime.__version__,
         omp_num_threads=os.environ['OMP_NUM_THREADS'],
         repeat=args.repeat,
-        command=' '.join([osp.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        command=command,
         machine=machine,
         models={},
         skipped=[],

@@ -2,7 +2,8 @@
 latency, per fold form.
 
     OMP_NUM_THREADS=1 python benchmarks/quantize_demo_models.py \
-        [--out benchmarks/results/quantize_demo_models.json] [--only NAME [NAME ...]]
+        [--out benchmarks/results/quantize_demo_models.json] [--only NAME [NAME ...]] \
+        [--settings LABEL [LABEL ...]] [--demo-root DIR]
 
 Runs ``tools/quantize.py`` (one process per measurement, one thread) on the trained demo
 models (benchmarks/demo_models.py), each as trained (``unfolded``), folded (``folded``:
@@ -16,7 +17,7 @@ kind of op, which bounds the speed-up INT8 kernels can give (Amdahl). Missing ch
 skipped (and listed). Prints a table; writes every result as JSON, with the machine
 (mmrepa.utils.machine: CPU, vector extensions, threads, load at start and end) of the whole run
 under ``machine`` and of each run under the run's ``machine`` (as tools/quantize.py recorded it;
-``--only`` keeps runs measured by other runs).
+``--only`` and ``--settings`` keep the runs in --out they do not select).
 """
 
 import argparse
@@ -28,7 +29,15 @@ import sys
 import tempfile
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from demo_models import MODELS, ROOT, run_tool, stamp, threads_from_env  # noqa: E402
+from demo_models import (  # noqa: E402
+    MODELS,
+    ROOT,
+    add_demo_root_argument,
+    run_tool,
+    stamp,
+    threads_from_env,
+    use_demo_root,
+)
 
 LARGE = ['test_dataloader.dataset.pipeline.1.scale=(512,512)']  # the detector's test Resize
 # (model, part, form, settings label, extra arguments)
@@ -90,6 +99,7 @@ RUNS = [
             ('retinanet', 'backbone', 'folded'),
             ('retinanet', 'backbone', 'unfolded'),
             ('mask-rcnn', 'backbone', 'folded'),
+            ('upernet', 'backbone', 'folded'),
             ('repopt', 'backbone', 'folded'),
             ('repopt', 'backbone', 'unfolded'),
             ('repvgg', 'backbone', 'folded'),
@@ -233,7 +243,16 @@ def main(argv=None):
         choices=sorted({m for m, *_ in RUNS}),
         help="measure these models again; the others' results in --out stay",
     )
+    parser.add_argument(
+        '--settings',
+        nargs='+',
+        choices=sorted({r[3] for r in RUNS}),
+        help="measure only the runs with these settings (e.g. openvino); the others' results "
+        'in --out stay',
+    )
+    add_demo_root_argument(parser)
     args = parser.parse_args(argv)
+    use_demo_root(args.demo_root)
     import onnxruntime
 
     from mmrepa.integrations.quantize import needs_reduce_range
@@ -252,16 +271,23 @@ def main(argv=None):
         runs=[],
         skipped=[],
     )
-    if args.only and osp.exists(args.out):
+
+    def selected(model, label):
+        return (not args.only or model in args.only) and (
+            not args.settings or label in args.settings
+        )
+
+    profiled = selected('retinanet', 'default')
+    if (args.only or args.settings) and osp.exists(args.out):
         with open(args.out) as f:
             kept = json.load(f)
-        results['runs'] = [r for r in kept['runs'] if r['model'] not in args.only]
-        if 'retinanet' not in args.only and 'profile_repa_swin_backbone' in kept:
+        results['runs'] = [r for r in kept['runs'] if not selected(r['model'], r['settings'])]
+        if not profiled and 'profile_repa_swin_backbone' in kept:
             results['profile_repa_swin_backbone'] = kept['profile_repa_swin_backbone']
     rows = []
     with tempfile.TemporaryDirectory(prefix='mmrepa.qbench.') as tmp:
         for model, part, form, label, extra in RUNS:
-            if args.only and model not in args.only:
+            if not selected(model, label):
                 continue
             what, backbone = MODELS[model].what, MODELS[model].backbone
             if MODELS[model].missing():

@@ -73,7 +73,7 @@ from mmrepa.integrations.openvino import (
 from mmrepa.integrations.optional import require
 from mmrepa.integrations.quantize import (
     CALIBRATION_METHODS,
-    CalibrationMismatch,
+    SessionModel,
     check_inputs_shape,
     fold_identity_apart,
     fold_range_report,
@@ -102,28 +102,6 @@ def open_session(path: str, backend: str, threads: int = 0):
     if backend == 'openvino':
         return OpenVINOSession(path, threads)
     return onnxruntime_session(path, threads)
-
-
-def run_session(session, x: torch.Tensor, what: str):
-    """The session's outputs on ``x``, refusing an input of another shape than the graph's."""
-    expected = tuple(session.get_inputs()[0].shape)
-    if tuple(x.shape) != expected:
-        raise CalibrationMismatch(
-            f'{what} has shape {tuple(x.shape)} after the test pipeline but the graph was '
-            f'exported for {expected}: the test pipeline must give one shape'
-        )
-    return [torch.from_numpy(o) for o in session.run(None, {'input': x.float().numpy()})]
-
-
-class SessionBackbone(torch.nn.Module):
-    """An onnxruntime session in a backbone's place: its feature maps as a tuple."""
-
-    def __init__(self, session):
-        super().__init__()
-        self.session = session
-
-    def forward(self, x):
-        return tuple(run_session(self.session, x, 'a test image'))
 
 
 def parse_args(argv=None):
@@ -297,27 +275,18 @@ def evaluate(model, cfg, session, full: bool, batches=None) -> dict:
     batches = loader if batches is None else list(batches)
     evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
     evaluator.dataset_meta = loader.dataset.metainfo
-    model = copy.copy(model)  # shallow: its own backbone slot, the same weights
-    if not full:
-        model._modules = dict(model._modules, backbone=SessionBackbone(session))
+    model = SessionModel(model, session, full)
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # pycocotools' prints
         for batch in batches:
-            data = model.data_preprocessor(batch, False)
-            if full:  # RetinaNet-style heads: (cls_scores, bbox_preds), one map per level
-                outs = run_session(session, data['inputs'], 'a test image')
-                n = len(outs) // 2
-                results = model.bbox_head.predict_by_feat(
-                    outs[:n],
-                    outs[n:],
-                    batch_img_metas=[s.metainfo for s in data['data_samples']],
-                    rescale=True,
-                )
-                samples = model.add_pred_to_datasample(data['data_samples'], results)
-            else:
-                samples = model(**data, mode='predict')
-            evaluator.process(data_samples=samples, data_batch=batch)
+            evaluator.process(data_samples=model.test_step(batch), data_batch=batch)
         metrics = evaluator.evaluate(len(batches) if batches is not loader else len(loader.dataset))
-    return {k: float(v) for k, v in metrics.items()}
+    # lists: per-class metrics (mmpretrain's SingleLabelMetric with average=None)
+    return {
+        k: [float(x) for x in v]
+        if isinstance(v, (list, tuple)) or getattr(v, 'ndim', 0)
+        else float(v)
+        for k, v in metrics.items()
+    }
 
 
 def main_metric(metrics: dict) -> str:

@@ -6,6 +6,8 @@
   any whose shape is not the one the ONNX graph was exported for (:class:`CalibrationMismatch`);
 - :func:`quantize_qdq`: ``quantize_static`` in QDQ format, per-channel weights, written
   atomically (a failure leaves no file), returning the calibrated activation ranges;
+- :class:`SessionModel`: an mmdet / mmseg model whose backbone (or single-stage tensor forward)
+  an onnxruntime or OpenVINO session computes, for the test metric and end-to-end timing;
 - :func:`sqnr_db`: signal-to-quantization-noise ratio of INT8 outputs against float32;
 - :func:`weighted_layers` and :func:`fold_range_report`: per-layer weight ranges (from the ONNX
   initializers) and activation ranges (from the calibration), and how folding changed them;
@@ -13,6 +15,7 @@
   INT8 needs (RepVGG layers, channel-idle FFNs whose pre-norm folds).
 """
 
+import copy
 import os.path as osp
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -109,6 +112,63 @@ def check_inputs_shape(
     for i, (array, source) in enumerate(inputs):
         if tuple(array.shape) != tuple(expected):
             raise CalibrationMismatch(mismatch_message(i, source, array.shape, expected, what))
+
+
+def run_session(session, x: torch.Tensor, what: str) -> List[torch.Tensor]:
+    """The session's outputs on ``x`` (onnxruntime's session interface), refusing an input of
+    another shape than the graph's (:class:`CalibrationMismatch`)."""
+    expected = tuple(session.get_inputs()[0].shape)
+    if tuple(x.shape) != expected:
+        raise CalibrationMismatch(
+            f'{what} has shape {tuple(x.shape)} after the test pipeline but the graph was '
+            f'exported for {expected}: the test pipeline must give one shape'
+        )
+    return [torch.from_numpy(o) for o in session.run(None, {'input': x.float().numpy()})]
+
+
+class SessionBackbone(torch.nn.Module):
+    """A session in a backbone's place: its feature maps as a tuple."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+
+    def forward(self, x):
+        return tuple(run_session(self.session, x, 'a test image'))
+
+
+class SessionModel(torch.nn.Module):
+    """``model`` (an mmdet / mmseg model) with ``session`` (an onnxruntime session or
+    :class:`~mmrepa.integrations.openvino.OpenVINOSession`) computing its backbone, or with
+    ``full`` a single-stage detector's tensor forward (RetinaNet-style heads: the session
+    returns each level's class scores, then each level's box deltas); the data preprocessor,
+    the rest of the model and the post-processing stay in PyTorch. Duck-types the model for
+    ``test_step`` and ``cfg``, so the test loop, mmdet's ``inference_detector`` and mmseg's
+    ``inference_model`` take it. The model's weights are shared, not copied."""
+
+    def __init__(self, model: torch.nn.Module, session, full: bool = False):
+        super().__init__()
+        self.full, self.session = full, session
+        self.cfg = getattr(model, 'cfg', None)
+        self.model = copy.copy(model)  # shallow: its own module slots, the same weights
+        if not full:
+            self.model._modules = dict(model._modules, backbone=SessionBackbone(session))
+        self.data_preprocessor = model.data_preprocessor
+
+    def test_step(self, batch: dict) -> list:
+        data = self.data_preprocessor(batch, False)
+        with torch.no_grad():
+            if not self.full:
+                return self.model(**data, mode='predict')
+            outs = run_session(self.session, data['inputs'], 'a test image')
+            n = len(outs) // 2
+            results = self.model.bbox_head.predict_by_feat(
+                outs[:n],
+                outs[n:],
+                batch_img_metas=[s.metainfo for s in data['data_samples']],
+                rescale=True,
+            )
+            return self.model.add_pred_to_datasample(data['data_samples'], results)
 
 
 try:  # onnxruntime is optional (mmrepa.integrations.optional): the module imports without it, for

@@ -94,8 +94,12 @@ def window_layout(
     # without graph breaks) and only ops the ONNX exporter has.
     ids = torch.empty((Hp, Wp), dtype=torch.long, device=device)
     ids[:H, :W] = torch.arange(H * W, device=device).view(H, W)
-    ids[:H, W:] = torch.arange(H * W, H * Wp, device=device).view(H, Wp - W)
-    ids[H:] = torch.arange(H * Wp, Hp * Wp, device=device).view(Hp - H, Wp)
+    # no empty assignments: mmdeploy exports them as an empty constant in a Concat, which
+    # OpenVINO's ONNX reader refuses
+    if Wp > W:
+        ids[:H, W:] = torch.arange(H * W, H * Wp, device=device).view(H, Wp - W)
+    if Hp > H:
+        ids[H:] = torch.arange(H * Wp, Hp * Wp, device=device).view(Hp - H, Wp)
     if shift_size:
         ids = torch.roll(ids, shifts=(-shift_size, -shift_size), dims=(0, 1))
     gather = window_partition(ids.view(1, Hp, Wp, 1), window_size).flatten()

@@ -191,6 +191,34 @@ def test_openvino_runs_the_exported_mask_rcnn_as_pytorch(exports, tmp_path):
     )
 
 
+@needs_openvino
+def test_openvino_reads_the_window_layout_as_mmdeploy_exports_it(tmp_path):
+    """mmdeploy exports ``Tensor.__setitem__`` as Slice + Concat; the window layout of a map of
+    whole windows (nothing to pad) once assigned an empty padding region, exported as an empty
+    constant that OpenVINO's ONNX reader refused (the demo Mask R-CNN at 128 x 128). Maps that
+    pad: the Mask R-CNN above, traced at 96 x 96."""
+    hw = (8, 8)
+    from mmdeploy.core import RewriterContext
+    from mmengine.config import Config
+
+    from mmrepa.integrations.openvino import OpenVINOSession
+    from mmrepa.layers.window_attention import window_layout
+
+    class Windows(torch.nn.Module):
+        def forward(self, x):
+            layout = window_layout(*hw, 4, 2, x.device)
+            return x[:, layout.gather], layout.scatter.float()
+
+    x = torch.randn(1, hw[0] * hw[1])
+    path = str(tmp_path / 'layout.onnx')
+    cfg = Config.fromfile(osp.join(DEPLOY, 'instance-seg_openvino_static.py'))
+    with RewriterContext(cfg=cfg, backend='openvino', opset=17):
+        torch.onnx.export(Windows(), (x,), path, input_names=['input'], dynamo=False)
+    got = OpenVINOSession(path).run(None, {'input': x.numpy()})
+    for out, ref in zip(got, Windows()(x)):
+        torch.testing.assert_close(torch.from_numpy(out), ref, rtol=0, atol=0)
+
+
 def test_openvino_exports_with_the_rewrites_onnxruntime_gets():
     """Under the openvino backend the graph is written by the same rewrites as for ONNX Runtime
     (mmrepa's exact ones registered for both; mmdeploy's OpenVINO SingleRoIExtractor, which

@@ -10,7 +10,8 @@ task processors' ``build_backend_model``, ``inference_model``):
 - ``to_backend``: ``openvino.convert_model`` reads the ONNX file and the IR is saved beside it
   with float32 weights (``end2end.xml`` / ``end2end.bin``);
 - the wrapper: ``openvino.Core`` compiles the IR for the CPU in float32 (see
-  :func:`mmrepa.integrations.openvino.compile_model`) and returns the outputs by name.
+  :func:`mmrepa.integrations.openvino.compile_model`), with torch's thread count, and returns
+  the outputs by name.
 
 The ONNX graph is the one mmrepa exports for ONNX Runtime: mmrepa's rewrites
 (:mod:`.rewriters`, :mod:`.mmdet_heads`) are registered for both backends, in standard ONNX ops
@@ -71,7 +72,9 @@ class OpenVINOManager(BaseBackendManager):
         deploy_cfg: Optional[Any] = None,
         **kwargs,
     ):
-        return OpenVINOWrapper(backend_files[0], output_names)
+        # as many inference threads as torch (OMP_NUM_THREADS), as mmrepa's tools give
+        # onnxruntime and OpenVINO; OpenVINO's own default is every core
+        return OpenVINOWrapper(backend_files[0], output_names, torch.get_num_threads())
 
     @classmethod
     def is_available(cls, with_custom_ops: bool = False) -> bool:
