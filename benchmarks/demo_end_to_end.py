@@ -285,13 +285,13 @@ def main(argv=None):
 
     threads_from_env()
     machine = machine_info()
-    results = dict(machine=machine, models=[], skipped=[])
+    results = dict(machine=machine, models={}, skipped=[])  # models by name, as the other JSONs
     with tempfile.TemporaryDirectory(prefix='mmrepa.e2e.') as tmp:
         for name in args.only:
             if MODELS[name].missing():
                 results['skipped'].append(f'{name}: no {", ".join(MODELS[name].missing())}')
                 continue
-            results['models'].append(measure(name, DEFAULT[name], args, tmp))
+            results['models'][name] = measure(name, DEFAULT[name], args, tmp)
     finish(machine)
     write_json(results, out)
     print(
@@ -299,7 +299,7 @@ def main(argv=None):
         'mmdeploy OV fp32 | mmdeploy OV INT8 | pipeline only | end to end |\n'
         '|---|---|---|---|---|---|---|---|---|---|'
     )
-    for r in results['models']:
+    for r in results['models'].values():
         cols = (*VARIANTS, *WHOLE, 'pipeline')
         ms = {k: r['latency_ms'].get(k, {}).get('median', float('nan')) for k in cols}
         print(
