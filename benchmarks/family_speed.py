@@ -84,6 +84,12 @@ MODELS = (
         'RePaFormer Table 1 (A6000, batch 128)',
     ),
     Model(
+        'RePa-LV-ViT-S',
+        'configs/repa_vit/repa_lvvit_s_8xb128_in1k.py',
+        53.1,
+        'RePaFormer Table 1 (A6000, batch 128)',
+    ),
+    Model(
         'RePa-PoolFormer-S12',
         'configs/poolformer/repa_poolformer_s12_32xb128_in1k.py',
         111.1,

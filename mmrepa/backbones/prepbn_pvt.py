@@ -436,12 +436,13 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
         # per stage: patch conv kernel, stride, padding and the reduction the attention applies
         # (none in an 'L' stage: the linear attention sees every token)
         self._geometry = [
-            (_pair(check_int(k, 'patch_sizes')), _pair(s), _pair(p), check_int(r, 'sr_ratios'))
-            for k, s, p, r in zip(patch_sizes, strides, paddings, sr_ratios)
-        ]
-        self._geometry = [
-            (k, s, p, 1 if t == 'L' else r)
-            for (k, s, p, r), t in zip(self._geometry, self.attn_types)
+            (
+                _pair(check_int(k, 'patch_sizes')),
+                _pair(s),
+                _pair(p),
+                1 if t == 'L' else check_int(r, 'sr_ratios'),
+            )
+            for k, s, p, r, t in zip(patch_sizes, strides, paddings, sr_ratios, self.attn_types)
         ]
         self.min_input_size = self._min_input_size()
         img = _pair(pretrain_img_size)

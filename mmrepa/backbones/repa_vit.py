@@ -214,7 +214,7 @@ class RePaViT(PlainViT):
         mlp_ratio (float, optional): FFN hidden width / embed_dims; None: the arch's (4; 3 for
             LV-ViT). Default: None.
         idle_ratio (float, optional): Fraction of FFN hidden channels left linear, in [0, 1];
-            None: the arch's (the paper's 1 - 1 / mlp_ratio: 0.75, 2 / 3 for LV-ViT).
+            None: the arch's value (0.75; 2 / 3 for LV-ViT), whatever ``mlp_ratio``.
             Default: None.
         skip_lam (float, optional): Divide both residual branches of every block by it
             (LV-ViT); None: the arch's (1; 2 for LV-ViT). Default: None.

@@ -195,7 +195,7 @@ class FoldableFSDPStrategy(FSDPStrategy):
         # checks each kernel against its branch scales
         whole = (
             FSDP.summon_full_params(model, writeback=False)
-            if isinstance(optim_wrapper, dict)
+            if isinstance(optim_wrapper, dict)  # a ConfigDict too
             else contextlib.nullcontext()
         )
         with whole:
@@ -372,6 +372,14 @@ def _attach_pieces(optimizer, model: nn.Module) -> None:
 
     from .optimizers import collect_branch_scales, scales_of_piece
 
+    # never attached (mmengine rebuilt a built optimizer, or another constructor made it): the
+    # {} below would mean "plain on purpose" and it would train without multipliers
+    if optimizer._repopt is None:
+        raise ConfigError(
+            f'{type(optimizer).__name__} under FoldableFSDPStrategy has no RepOpt kernel '
+            'attached; give optim_wrapper as a config dict with constructor='
+            "'RepOptOptimWrapperConstructor'"
+        )
     kept = set(optimizer.repopt_params)  # what the constructor checked and attached
     where = _piece_ranges(model)
     names = {p: _clean(n) for n, p in model.named_parameters()}

@@ -932,3 +932,15 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     err = rel(ranks[0], single)
     print(f'DDP 2 ranks vs 1 process: {err:.1e}')
     assert err <= TOL
+
+
+def test_a_sharded_repopt_optimizer_without_attached_scales_is_refused():
+    """mmengine's FSDPStrategy rebuilds an optimizer given built, without its scales: attaching
+    the pieces' (none) would make it train as plain SGD; refused in one line instead."""
+    from mmrepa.engine.strategies import _attach_pieces
+
+    model = nn.Linear(2, 2)
+    with pytest.raises(
+        ConfigError, match='no RepOpt kernel attached.*RepOptOptimWrapperConstructor'
+    ):
+        _attach_pieces(RepOptSGD(model.parameters(), lr=0.1), model)
