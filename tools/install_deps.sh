@@ -5,7 +5,8 @@
 #
 # Idempotent: what is already installed and working is left alone. mmcv 2.1.0 has no wheel for
 # torch 2.14 on PyPI, so it is compiled once per (torch, Python ABI, machine) and cached under
-# $MMREPA_CACHE (default ~/.cache/mmrepa). A directory named by $MMREPA_WHEELHOUSE is tried first.
+# $MMREPA_CACHE (default ~/.cache/mmrepa). A directory named by $MMREPA_WHEELHOUSE is tried first,
+# then ../shared/wheels beside the checkout.
 set -euo pipefail
 
 PY=${1:?usage: tools/install_deps.sh PYTHON [--tests]}
@@ -125,7 +126,10 @@ if installed mmcv "$MMCV_VERSION" && mmcv_ops_ok; then
 else
   key=$("$PY" -c 'import platform, sys, torch; print(f"torch{torch.__version__}-{sys.implementation.cache_tag}-{platform.machine()}")')
   wheels="$CACHE/wheels/$key"
-  if ! try_mmcv_wheel "${MMREPA_WHEELHOUSE:-}" && ! try_mmcv_wheel "$wheels"; then
+  # a wheelhouse beside the checkout (../shared/wheels on the project's machines) is tried after
+  # $MMREPA_WHEELHOUSE; any wheel must import mmcv.ops against this torch before it is kept
+  if ! try_mmcv_wheel "${MMREPA_WHEELHOUSE:-}" && ! try_mmcv_wheel "$ROOT/../shared/wheels" \
+    && ! try_mmcv_wheel "$wheels"; then
     rm -f "$wheels"/mmcv-"$MMCV_VERSION"-*.whl
     build_mmcv "$wheels"
     try_mmcv_wheel "$wheels" || { log "the freshly built mmcv does not import mmcv.ops"; exit 1; }
