@@ -4,7 +4,9 @@
 # minimum, weight decay and drop path of the paper's Table 7 (the paper reports 81.6 % top-1,
 # Table 1). Head: LV-ViT's, the class token's scores plus, with token labels (gt_token_label
 # in the data samples), the token-labelling loss on every patch token; without them the plain
-# classification loss (mmrepa.heads.TokenLabelClsHead).
+# classification loss (mmrepa.heads.TokenLabelClsHead). Mixing: LV-ViT's MixToken with a
+# Beta(1, 1) box area and no Mixup / CutMix, as LV-ViT's release trains lvvit_s / lvvit_m
+# (tlt/models/lvvit.py: mix_token=True, beta 1.0; main.py: --mixup 0, --cutmix 0 by default).
 _base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/repaformer_lamb_in1k.py']
 
 lr, min_lr = 1e-3, 1e-5
@@ -21,9 +23,12 @@ model = dict(
         out_type='raw',  # every token, for the token-labelling head
         out_indices=-1,
         drop_path_rate=0.05,
+        mix_token=True,
+        mix_token_beta=1.0,
     ),
     neck=None,
     head=dict(type='TokenLabelClsHead', in_channels=384, aux_weight=1.0, aux_pred_weight=0.5),
+    train_cfg=None,  # MixToken instead of the Mixup / CutMix batch augments
 )
 optim_wrapper = dict(
     optimizer=dict(lr=lr, weight_decay=0.05),

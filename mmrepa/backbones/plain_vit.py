@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from mmengine.model.weight_init import trunc_normal_
 
 from ..errors import CheckpointError, ConfigError
-from ..layers import ConvPatchEmbed, FoldablePatchEmbed
+from ..layers import (
+    ConvPatchEmbed,
+    FoldablePatchEmbed,
+    MixedTokens,
+    draw_token_box,
+    swap_token_box,
+)
 from .base import DenseBackbone
 
 OUT_TYPES = ('avg', 'cls', 'featmap', 'raw')
@@ -77,12 +83,23 @@ class PlainViT(DenseBackbone):
         deploy: bool,
         conv_stem: bool = False,
         stem_channels: int = 64,
+        mix_token: bool = False,
+        mix_token_beta: float = 1.0,
     ) -> List[Optional[int]]:
         """Check the shared options, build the embeddings (a patchifying conv, or with
         ``conv_stem`` LV-ViT's convolutional embedding); returns each block's attention
         window (None: global)."""
         if out_type not in OUT_TYPES:
             raise ConfigError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
+        if mix_token and (out_type != 'raw' or not with_cls_token):
+            raise ConfigError(
+                'mix_token=True mixes the patch tokens and trains the class token on the mixed '
+                "target: it needs with_cls_token=True, out_type='raw' and a head that reads "
+                'the box (TokenLabelClsHead)'
+            )
+        if mix_token and not mix_token_beta > 0:
+            raise ConfigError(f'mix_token_beta must be > 0 (Beta(β, β)), got {mix_token_beta}')
+        self.mix_token, self.mix_token_beta = mix_token, mix_token_beta
         if out_type == 'cls' and not with_cls_token:
             raise ConfigError("out_type='cls' needs with_cls_token=True")
         if window_size is not None and with_cls_token:
@@ -148,14 +165,24 @@ class PlainViT(DenseBackbone):
         return self.drop_after_pos(x), hw_shape
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``)."""
+        """x (B, in_channels, H, W) -> one output per ``out_indices`` (see ``out_type``).
+
+        With ``mix_token`` in training mode, MixToken (:mod:`mmrepa.layers.mix_token`): the
+        outputs are a :class:`~mmrepa.layers.MixedTokens` carrying the box."""
         x, hw_shape = self._embed(x)
+        mix = self.mix_token and self.training  # MixToken is for training only
+        box = draw_token_box(hw_shape, self.mix_token_beta) if mix else None
+        if box is not None:
+            # LV-ViT mixes before the position embedding: the same here, as a swap moves tokens
+            # between images, not places (and dropout's masks are drawn alike everywhere)
+            x = swap_token_box(x, box, self.num_extra_tokens)
         outs = []
         for i, block in enumerate(self.stages):
             x = self._run_block(block, x, hw_shape)
             if i in self.out_indices:
-                outs.append(self._format_output(i, x, hw_shape))
-        return tuple(outs)
+                out = x if box is None else swap_token_box(x, box, self.num_extra_tokens)
+                outs.append(self._format_output(i, out, hw_shape))
+        return tuple(outs) if box is None else MixedTokens(outs, box)
 
     def _run_block(self, block: nn.Module, x: torch.Tensor, hw_shape) -> torch.Tensor:
         """One block; a subclass whose blocks do not checkpoint themselves wraps it here."""

@@ -200,7 +200,8 @@ class RePaViT(PlainViT):
     convolutional patch embedding (``conv_stem``, its BatchNorms fold into its convs), every
     residual branch divided by ``skip_lam`` (folded into the output projections), FFN ratio 3,
     no qkv bias. Its token-labelling head is
-    :class:`~mmrepa.heads.TokenLabelClsHead` (``out_type='raw'``).
+    :class:`~mmrepa.heads.TokenLabelClsHead` (``out_type='raw'``), and it trains with LV-ViT's
+    MixToken (``mix_token``).
 
     Args:
         arch (str | dict): ``'tiny'``, ``'small'``, ``'base'`` (DeiT), ``'large'``, ``'huge'``
@@ -222,6 +223,15 @@ class RePaViT(PlainViT):
             (:class:`~mmrepa.layers.ConvPatchEmbed`) instead of one patchifying conv; None: the
             arch's. Default: None.
         stem_channels (int): Width of the convolutional patch embedding. Default: 64.
+        mix_token (bool): LV-ViT's MixToken while training: a box of patch tokens drawn per
+            batch (area from ``Beta(mix_token_beta, mix_token_beta)``) is swapped with the
+            batch flipped after the patch embedding and put back before the outputs, which
+            carry the box (:class:`~mmrepa.layers.MixedTokens`) for
+            :class:`~mmrepa.heads.TokenLabelClsHead` to mix the class token's target. Needs
+            ``with_cls_token=True`` and ``out_type='raw'``; eval mode and the folded model
+            never mix. Default: False.
+        mix_token_beta (float): Beta parameter of the box's area (LV-ViT: 1, a uniform
+            area). Default: 1.
         ffn_norm (str): ``'BN'``: BatchNorm before ``fc1`` and on the hidden layer (RePaFormer;
             everything folds); ``'LN'``: the ViT FFN, ``norm_cfg`` before ``fc1`` and no hidden
             norm (with ``idle_ratio=0`` this is timm's / mmpretrain's ViT). Default: ``'BN'``.
@@ -270,6 +280,8 @@ class RePaViT(PlainViT):
         skip_lam: Optional[float] = None,
         conv_stem: Optional[bool] = None,
         stem_channels: int = 64,
+        mix_token: bool = False,
+        mix_token_beta: float = 1.0,
         ffn_norm: str = 'BN',
         attn_types: str = 'S',
         linear_window: Optional[int] = None,
@@ -338,6 +350,8 @@ class RePaViT(PlainViT):
             deploy,
             conv_stem=arch['conv_stem'],
             stem_channels=stem_channels,
+            mix_token=mix_token,
+            mix_token_beta=mix_token_beta,
         )
         self.with_cp = with_cp
         ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)

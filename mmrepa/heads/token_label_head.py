@@ -10,6 +10,7 @@ from mmpretrain.models.heads import ClsHead
 from mmpretrain.structures import DataSample
 
 from ..errors import ConfigError, InputError
+from ..layers import TokenBox
 
 TOKEN_LABEL_KEY = 'gt_token_label'
 
@@ -30,6 +31,11 @@ class TokenLabelClsHead(ClsHead):
     maximum over the patch tokens (LV-ViT's), once the auxiliary head has been trained on
     token labels (the ``aux_trained`` buffer, kept in checkpoints); before that the auxiliary
     head is untrained and left out.
+
+    After MixToken (the backbone's ``mix_token=True``, which hands over the box with its
+    outputs), the class token's target is its image's label mixed with the flipped batch's by
+    the box's area, ``lam = 1 - box area / grid area``; the token labels are unchanged (the
+    backbone puts the tokens back in their images).
 
     Args:
         num_classes (int): Classes.
@@ -85,7 +91,11 @@ class TokenLabelClsHead(ClsHead):
 
     def loss(self, feats: Tuple[torch.Tensor], data_samples: List[DataSample], **kwargs) -> dict:
         cls_score, aux_score = self._scores(feats)
-        losses = self._get_loss(cls_score, data_samples, **kwargs)
+        box = getattr(feats, 'box', None)  # MixToken's, see mmrepa.layers.mix_token
+        if box is None:
+            losses = self._get_loss(cls_score, data_samples, **kwargs)
+        else:
+            losses = self._mixed_loss(cls_score, data_samples, box, **kwargs)
         labels = [TOKEN_LABEL_KEY in s for s in data_samples]
         if not any(labels):
             # the auxiliary head takes part with weight 0: DDP expects a gradient for every
@@ -109,6 +119,29 @@ class TokenLabelClsHead(ClsHead):
         )
         self.aux_trained.fill_(True)
         return losses
+
+    def _mixed_loss(
+        self, cls_score: torch.Tensor, data_samples: List[DataSample], box: TokenBox, **kwargs
+    ) -> dict:
+        """The class token's loss after MixToken: its target is ``lam`` of its own image's
+        label and ``1 - lam`` of the flipped batch's (LV-ViT's TokenLabelCrossEntropy). The
+        patch tokens come back in their own images, so their labels stay as they are."""
+        if 'gt_score' in data_samples[0]:
+            raise ConfigError(
+                "MixToken (the backbone's mix_token=True) with Mixup / CutMix batch augments "
+                '(gt_score): LV-ViT trains with MixToken instead of them; remove '
+                'model.train_cfg.augments or set mix_token=False'
+            )
+        if self.cal_acc:
+            raise ConfigError(
+                "cal_acc=True with MixToken (the backbone's mix_token=True): accuracy against "
+                "mixed targets means nothing; set the head's cal_acc=False"
+            )
+        labels = torch.cat([s.gt_label for s in data_samples])
+        one_hot = F.one_hot(labels, self.num_classes).to(cls_score.dtype)
+        target = box.lam * one_hot + (1.0 - box.lam) * one_hot.flip(0)
+        loss = self.loss_module(cls_score, target, avg_factor=cls_score.size(0), **kwargs)
+        return {'loss': loss}
 
     def _token_targets(self, data_samples: List[DataSample], num_tokens: int) -> torch.Tensor:
         """The token labels as (B · N,) class indices or (B · N, K) class scores."""

@@ -8,6 +8,7 @@ from .channel_idle_ffn import (
 )
 from .grad_checkpoint import batchnorm_statistics_kept, checkpoint_forward
 from .linear_attention import SimplifiedLinearAttention
+from .mix_token import MixedTokens, TokenBox, draw_token_box, swap_token_box
 from .norm2d import GroupNorm1, LayerNorm2d
 from .patch_layers import ConvPatchEmbed, FoldablePatchEmbed, FoldablePatchMerging
 from .prenorm_block import PreNormBlock
@@ -55,5 +56,9 @@ __all__ = [
     'RepBN',
     'from_linear_norm',
     'LayerNorm2d',
+    'MixedTokens',
+    'TokenBox',
+    'draw_token_box',
+    'swap_token_box',
     'GroupNorm1',
 ]

@@ -1,6 +1,7 @@
 """TokenLabelClsHead (LV-ViT's token labelling): the plain classification loss without token
 labels, the token loss with hard or soft labels against the cross-entropy written out, LV-ViT's
-prediction once the auxiliary head has trained, one-line errors."""
+prediction once the auxiliary head has trained, MixToken's mixed class target (and a training
+step of the RePa-LV-ViT config with it), one-line errors."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from mmpretrain.structures import DataSample
 
 from mmrepa.errors import ConfigError, InputError
 from mmrepa.heads import TokenLabelClsHead
+from mmrepa.layers import MixedTokens, TokenBox
 
 B, H, W, C, K = 2, 2, 3, 8, 5
 
@@ -84,3 +86,78 @@ def test_bad_token_labels_are_refused_in_one_line():
         assert '\n' not in str(e.value)
     with pytest.raises(ConfigError, match="out_type='raw'"):
         head.loss((feats[0][:, 0],), _samples())
+
+
+def _onehot(labels):
+    return torch.eye(K, dtype=torch.float64)[labels]
+
+
+@pytest.mark.parametrize('token_labels', [False, True])
+def test_mixtoken_mixes_the_class_target_by_the_box_area_and_leaves_token_labels(token_labels):
+    """A box of 2 of the 6 tokens: the class target is 4/6 of the image's label and 2/6 of the
+    flipped batch's, smoothed after mixing (LabelSmoothLoss, as the configs); the token labels
+    are each token's own."""
+    smooth = dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original')
+    head = _head(loss=smooth).double()
+    tokens = _tokens()[0]
+    box = TokenBox(top=1, bottom=2, left=0, right=2, grid=(H, W))
+    hard = torch.randint(0, K, (B, H, W))
+    samples = _samples(list(hard) if token_labels else None)
+    losses = head.loss(MixedTokens((tokens,), box), samples)
+    lam = 1 - 2 / 6
+    mixed = lam * _onehot([1, 3]) + (1 - lam) * _onehot([3, 1])
+    cls = tokens[:, 0] @ head.fc.weight.T + head.fc.bias
+    torch.testing.assert_close(losses['loss'], _ce(cls, 0.9 * mixed + 0.1 / K).mean())
+    if token_labels:
+        patches = tokens[:, 1:] @ head.aux_fc.weight.T + head.aux_fc.bias
+        own = _onehot(hard.reshape(B, H * W))
+        torch.testing.assert_close(losses['loss_token'], _ce(patches, own).mean())
+    # an empty box is no mixing: the plain loss
+    empty = TokenBox(top=1, bottom=1, left=0, right=2, grid=(H, W))
+    plain = head.loss((tokens,), _samples())['loss']
+    torch.testing.assert_close(head.loss(MixedTokens((tokens,), empty), _samples())['loss'], plain)
+
+
+def test_mixtoken_with_mixup_or_accuracy_is_refused_in_one_line():
+    feats = MixedTokens(_tokens(), TokenBox(0, 1, 0, 1, (H, W)))
+    mixup = _samples()
+    for sample in mixup:
+        sample.set_gt_score(torch.full((K,), 1.0 / K))
+    for head, samples, words in (
+        (_head().double(), mixup, 'train_cfg.augments'),
+        (_head(cal_acc=True).double(), _samples(), 'cal_acc=False'),
+    ):
+        with pytest.raises(ConfigError, match=words) as e:
+            head.loss(feats, samples)
+        assert '\n' not in str(e.value)
+
+
+def test_a_training_step_of_the_lvvit_config_mixes_tokens(monkeypatch):
+    """repa_lvvit_s's ImageClassifier (tiny widths) runs a training step with MixToken: the
+    box reaches the head through mmpretrain's classifier."""
+    from mmengine.config import Config
+    from mmengine.optim import OptimWrapper
+
+    from mmrepa.apis import build_model
+    from tests.helpers import ROOT
+
+    cfg = Config.fromfile(f'{ROOT}/configs/repa_vit/repa_lvvit_s_8xb128_in1k.py')
+    cfg.model.backbone.update(arch=dict(embed_dims=16, num_layers=2, num_heads=2), stem_channels=8)
+    cfg.model.head.update(in_channels=16, num_classes=K)
+    model = build_model(cfg)
+    seen = []
+    mixed_loss = TokenLabelClsHead._mixed_loss
+
+    def spy(self, cls_score, data_samples, box, **kw):
+        seen.append(box)
+        return mixed_loss(self, cls_score, data_samples, box, **kw)
+
+    monkeypatch.setattr(TokenLabelClsHead, '_mixed_loss', spy)
+    data = dict(
+        inputs=[torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)] * 2,
+        data_samples=_samples(),
+    )
+    optim = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    torch.manual_seed(0)
+    log = model.train_step(data, optim)
+    assert torch.isfinite(log['loss']) and len(seen) == 1 and seen[0].grid == (4, 4)
