@@ -44,3 +44,46 @@ param_scheduler = [
 ]
 # Table 7's batch for LV-ViT: 8 processes x 128
 auto_scale_lr = dict(base_batch_size=1024)
+
+# Token labelling with LV-ViT's label files (its README, "Label data": NFNet-F6's top-5 maps,
+# <class folder>/<image name>.pt per training image): uncomment, with label_root their folder.
+# TokenLabelCropFlip replaces RandomResizedCrop + RandomFlip and crops / flips the labels with
+# the image; PackInputs hands them to the head. RandAugment's rotations, shears and translations
+# do not move the labels (LV-ViT's release moves them): see README.md.
+# custom_imports = dict(
+#     imports=['mmrepa', 'mmrepa.heads', 'mmrepa.datasets.token_label'],
+#     allow_failed_imports=False,
+# )
+# bgr_mean, bgr_std = [103.53, 116.28, 123.675], [57.375, 57.12, 58.395]
+# train_pipeline = [
+#     dict(type='LoadImageFromFile'),
+#     dict(
+#         type='TokenLabelCropFlip',
+#         scale=224,
+#         label_root='data/imagenet/label_top5_train_nfnet',
+#         label_size=14,  # 224 / 16: the token grid
+#         flip_prob=0.5,
+#         backend='pillow',
+#         interpolation='bicubic',
+#     ),
+#     dict(
+#         type='RandAugment',
+#         policies='timm_increasing',
+#         num_policies=2,
+#         total_level=10,
+#         magnitude_level=9,
+#         magnitude_std=0.5,
+#         hparams=dict(pad_val=[round(x) for x in bgr_mean], interpolation='bicubic'),
+#     ),
+#     dict(
+#         type='RandomErasing',
+#         erase_prob=0.25,
+#         mode='rand',
+#         min_area_ratio=0.02,
+#         max_area_ratio=1 / 3,
+#         fill_color=bgr_mean,
+#         fill_std=bgr_std,
+#     ),
+#     dict(type='PackInputs', algorithm_keys=('gt_token_label',)),
+# ]
+# train_dataloader = dict(dataset=dict(pipeline=train_pipeline))

@@ -6,7 +6,12 @@ from .loading import (
     read_state_dict,
     strip_prefixes,
 )
-from .restricted_load import ForeignGlobalError, RefusedCheckpointError, load_restricted
+from .restricted_load import (
+    ForeignGlobalError,
+    RefusedCheckpointError,
+    load_restricted,
+    read_restricted,
+)
 from .safe_globals import allow_mmengine_checkpoints
 from .saving import save_atomically
 from .schemes import install_restricted_loader, load_checkpoint_file
@@ -29,6 +34,7 @@ __all__ = [
     'install_restricted_loader',
     'load_checkpoint_file',
     'load_restricted',
+    'read_restricted',
     'check_checkpoint',
     'check_state_dict',
     'save_atomically',

@@ -6,8 +6,10 @@ numbers and strings, and any other object only from its allow-list of globals. T
 checkpoints of RePaViT and timm's ``train.py`` (an ``argparse.Namespace`` under ``args``), of
 SLAB and Microsoft Swin (a yacs ``CfgNode`` under ``config``) and mmengine's (message-hub
 ``HistoryBuffer``s, numpy arrays and scalars) need more; :mod:`.stand_ins` provides inert
-stand-ins under those names. :func:`load_restricted` is the one place in mmrepa, its tools and
-benchmarks that deserializes a file: every scheme of :mod:`.schemes` downloads, then calls it.
+stand-ins under those names. :func:`read_restricted` is the one place in mmrepa, its tools and
+benchmarks that deserializes a file: every scheme of :mod:`.schemes` downloads, then calls it
+through :func:`load_restricted` (which checks a checkpoint); data files (token-label maps) are
+read by it directly.
 
 During a load the allow-list is torch's own plus exactly our stand-ins: the foreign ones are
 added for the load only (a plain ``torch.load`` elsewhere in the process keeps refusing a
@@ -117,8 +119,17 @@ def _unreadable(name: str, err: BaseException) -> CheckpointError:
 
 
 def load_restricted(file: Any, name: str, map_location: Any = None) -> Any:
+    """:func:`read_restricted`, then checked as a checkpoint
+    (:func:`.validation.check_checkpoint`)."""
+    ckpt = read_restricted(file, name, map_location)
+    check_checkpoint(ckpt, name)
+    return ckpt
+
+
+def read_restricted(file: Any, name: str, map_location: Any = None) -> Any:
     """``torch.load(file, weights_only=True)`` with our stand-ins, finished
-    (:func:`.stand_ins.finish`) and checked (:func:`.validation.check_checkpoint`).
+    (:func:`.stand_ins.finish`): any data file torch saved (a checkpoint, or data such as
+    LV-ViT's token-label maps, which the caller checks).
 
     Args:
         file: A path or a binary file object.
@@ -126,9 +137,9 @@ def load_restricted(file: Any, name: str, map_location: Any = None) -> Any:
         map_location: As for ``torch.load``.
 
     Raises:
-        CheckpointError: one line naming ``name``: not a checkpoint (truncated, another
-            format), refused (:class:`RefusedCheckpointError`, :class:`ForeignGlobalError` for a
-            global outside the allow-list), or malformed weights.
+        CheckpointError: one line naming ``name``: not a file torch saved (truncated, another
+            format), or refused (:class:`RefusedCheckpointError`, :class:`ForeignGlobalError`
+            for a global outside the allow-list).
     """
     try:
         with collect_config_nodes() as nodes, our_allow_list():
@@ -145,5 +156,4 @@ def load_restricted(file: Any, name: str, map_location: Any = None) -> Any:
         ) from None
     except Exception as err:  # truncated zip, wrong magic number, a text file, ...
         raise _unreadable(name, err) from None
-    check_checkpoint(ckpt, name)
     return ckpt

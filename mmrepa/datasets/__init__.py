@@ -13,13 +13,18 @@ __all__ = [
     'make_shapes_classification',
     'make_shapes_ade20k',
     'ShapesADE20KDataset',
+    'TokenLabelCropFlip',
 ]
 
 
 def __getattr__(name):
-    # on first use only: the dataset class imports mmseg, which `import mmrepa` must not
+    # on first use only: they import mmseg / mmpretrain, which `import mmrepa` must not
     if name == 'ShapesADE20KDataset':
         from .shapes_ade20k import ShapesADE20KDataset
 
         return ShapesADE20KDataset
+    if name == 'TokenLabelCropFlip':
+        from .token_label import TokenLabelCropFlip
+
+        return TokenLabelCropFlip
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
