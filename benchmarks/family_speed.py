@@ -3,16 +3,17 @@
     python benchmarks/family_speed.py [--models NAME ...] [--repeat 20] [--warmup 3]
         [--batches 1 16] [--threads 1 2] [--out benchmarks/results/family_speed.json]
 
-For each model of ``MODELS``: the classifier of its (training) config with random weights (no
-checkpoint), in eval mode, and a copy folded by ``mmrepa.reparameterize``; the tensor forward
-(backbone, neck, head; no data preprocessing) of both on a random batch at 224², timed
-interleaved in this process (``mmrepa.utils.time_interleaved``, untimed warm-up rounds first,
-denormals flushed as ``tools/benchmark.py`` does), for every batch size and thread count
-(``torch.set_num_threads``). Per run: median / min / max ms per call, the speed-up (unfolded
-median / folded median), the MAC ratio (``mmrepa.utils.complexity``, one image) and the
-speed-up / MAC ratio, whose target is at least 0.95 at batch 16: folding should buy nearly all
-the arithmetic it removes. The papers report GPU throughput (RePaFormer: an A6000 at batch 128),
-so their gain is a reference, not a target.
+For each model of ``MODELS``: the classifier of its (training) config (with the row's
+``options``) with random weights (no checkpoint), in eval mode, and a copy folded by
+``mmrepa.reparameterize``; the tensor forward (backbone, neck, head; no data preprocessing) of
+both on a random batch at 224², timed interleaved in this process
+(``mmrepa.utils.time_interleaved``, untimed warm-up rounds first, denormals flushed as
+``tools/benchmark.py`` does), for every batch size and thread count (``torch.set_num_threads``).
+Per run: median / min / max ms per call, the speed-up (unfolded median / folded median), the MAC
+ratio (``mmrepa.utils.complexity``, one image) and the speed-up / MAC ratio, whose target is at
+least 0.95 at batch 16: folding should buy nearly all the arithmetic it removes. The papers
+report GPU throughput (RePaFormer: an A6000 at batch 128), so their gain is a reference, not a
+target.
 
 The JSON (written atomically) records the machine (CPU model, vector extensions, threads,
 load at the start and the end); the machine is shared, so only the ratios, measured
@@ -49,6 +50,8 @@ class Model(NamedTuple):
     config: str  # the training config; the folded model is a folded copy of its classifier
     paper_gain_percent: Optional[float]  # throughput gain of folding the paper reports
     paper_source: str
+    # changes to the config (mmengine's cfg_options), for a RePa model without a config of its own
+    options: Optional[dict] = None
 
 
 # One line per model: a new family adds one.
@@ -131,6 +134,29 @@ MODELS = (
         None,
         'no paper trains it',
     ),
+    # the MetaFormer baselines with RePa MLPs at the idle ratio the RePa MetaFormer configs use
+    # (RePaFormer's default 0.75): no config of their own, no paper trains them
+    Model(
+        'RePa-IdentityFormer-S12',
+        'configs/metaformer/identityformer_s12_32xb128_in1k.py',
+        None,
+        'no paper trains it',
+        {'model.backbone.idle_ratio': 0.75},
+    ),
+    Model(
+        'RePa-RandFormer-S12',
+        'configs/metaformer/randformer_s12_32xb128_in1k.py',
+        None,
+        'no paper trains it',
+        {'model.backbone.idle_ratio': 0.75},
+    ),
+    Model(
+        'RePa-PoolFormerV2-S12',
+        'configs/poolformer/poolformerv2_s12_32xb128_in1k.py',
+        None,
+        'no paper trains it',
+        {'model.backbone.idle_ratio': 0.75},
+    ),
 )
 
 
@@ -165,7 +191,8 @@ def _params(model) -> int:
 
 def measure_model(entry: Model, args) -> dict:
     """Build, fold, count and time one model; its JSON row."""
-    model = init_model(osp.join(ROOT, entry.config), device='cpu')  # eval mode, random weights
+    # eval mode, random weights
+    model = init_model(osp.join(ROOT, entry.config), device='cpu', cfg_options=entry.options)
     folded = mmrepa.reparameterize(copy.deepcopy(model))
     one = torch.randn(1, 3, *SHAPE)
     before = model_complexity(model, dict(inputs=one, data_samples=None))
@@ -173,6 +200,7 @@ def measure_model(entry: Model, args) -> dict:
     mac_ratio = before['macs'] / after['macs']
     row = dict(
         config=entry.config,
+        options=entry.options,
         paper_gain_percent=entry.paper_gain_percent,
         paper_source=entry.paper_source,
         params_before=_params(model),
@@ -218,7 +246,7 @@ def format_table(result: dict) -> str:
         f'{machine["cpu"]} ({machine["torch_cpu_capability"]} kernels), load '
         f'{machine["load_average_start"]} -> {machine["load_average_end"]}, '
         f'{SHAPE[0]}x{SHAPE[1]}, repeat {result["repeat"]}',
-        f'{"model":<21}{"batch":>6}{"thr":>4}{"unfolded ms":>13}{"folded ms":>11}'
+        f'{"model":<25}{"batch":>6}{"thr":>4}{"unfolded ms":>13}{"folded ms":>11}'
         f'{"speed-up":>10}{"MAC ratio":>11}{"ratio":>7}{"params M":>16}{"paper gain":>12}',
     ]
     for name, row in result['models'].items():
@@ -230,7 +258,7 @@ def format_table(result: dict) -> str:
                 else ''
             )
             lines.append(
-                f'{name:<21}{run["batch"]:>6}{run["threads"]:>4}'
+                f'{name:<25}{run["batch"]:>6}{run["threads"]:>4}'
                 f'{run["unfolded"]["median_ms"]:>13.1f}{run["folded"]["median_ms"]:>11.1f}'
                 f'{run["speedup"]:>10.3f}{row["mac_ratio"]:>11.3f}'
                 f'{run["speedup_over_mac_ratio"]:>7.3f}'
