@@ -322,6 +322,21 @@ def test_slab_pvt_checkpoint_is_slabs_formula(tmp_path):
             assert rel_diff(ref, model(x)) < 1e-10
 
 
+def test_only_the_linear_norms_step_counters_are_read_other_warm_keys_are_unexpected(tmp_path):
+    """SLAB's LinearNorms keep ``warm`` / ``iter`` / ``total_step`` buffers, which become λ; a
+    ``warm`` key of anything else (a layer, a submodule of a LinearNorm) is not theirs."""
+    sd = slab_pvt_state_dict()
+    sd['block1.0.attn.warm'] = torch.tensor(1)  # a layer that is no LinearNorm
+    sd['block1.0.norm1.norm1.warm'] = torch.tensor(1)  # inside a LinearNorm, not its counter
+    path = tmp_path / 'slab.pth'
+    torch.save({'state_dict': sd}, path)
+    report = slab_pvt().load_pretrained(str(path))
+    assert sorted(k for k in report.unexpected if k.endswith('.warm')) == [
+        'stages.0.blocks.0.attn.warm',
+        'stages.0.blocks.0.norm1.norm1.warm',
+    ]
+
+
 def test_linear_attention_stages_reduce_nothing():
     """An 'L' stage ignores its sr_ratio: it does not bound the input size."""
     kw = dict(KW, sr_ratios=(16, 4, 2, 1))
