@@ -188,3 +188,21 @@ def test_family_speed_times_a_tiny_model_folded_and_unfolded(tmp_path, monkeypat
     assert row['params_before'] > row['params_after']
     table = capsys.readouterr().out
     assert 'tiny' in table and '+130.1 %' in table
+
+
+def test_fsdp_memory_counts_the_configured_optimizers_state():
+    """By hand: a Linear(3, 2) has 8 parameters; a RepOptConvBN(2, 2) a 2x2x3x3 kernel (36) and
+    a BatchNorm (4), and 3 branch scales per kernel entry."""
+    from mmrepa.backbones.repopt_vgg.blocks import RepOptConvBN
+
+    count = script_module('benchmarks/fsdp_memory.py').optimizer_state_floats
+    linear, repopt = nn.Linear(3, 2), RepOptConvBN(2, 2)
+    assert count(dict(type='SGD', lr=0.1), linear) == 0  # torch's SGD: no momentum by default
+    assert count(dict(type='SGD', lr=0.1, momentum=0.9), linear) == 8
+    assert count(dict(type='AdamW', lr=0.1), linear) == 16
+    assert count(dict(type='AdamW', lr=0.1, amsgrad=True), linear) == 24
+    assert count(dict(type='RepOptSGD', momentum=0.9), repopt) == 40 + 36  # momentum, M
+    assert count(dict(type='RepOptSGD'), repopt) == 36
+    assert count(dict(type='RepOptAdamW'), repopt) == 2 * 40 + 3 * 36  # moments, A
+    with pytest.raises(ValueError, match="optimizer 'Lamb'"):
+        count(dict(type='Lamb'), linear)
