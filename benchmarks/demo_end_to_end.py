@@ -29,8 +29,9 @@ model's ``test_step``, which post-processes as mmdeploy does):
 - ``mmdeploy_fp32``: that IR in float32;
 - ``mmdeploy_int8``: that IR quantized by NNCF (``mmrepa.integrations.openvino.quantize_nncf``,
   calibrated as tools/quantize.py does, 64 train images through the config's test pipeline); both
-  evaluated here on the whole validation set (``whole_model_metric``), as tools/quantize.py
-  cannot quantize a whole two-stage detector or segmentor;
+  evaluated here on the whole validation set (``mmrepa.integrations.quantize.config_metric``, as
+  tools/quantize.py evaluates), as tools/quantize.py cannot quantize a whole two-stage detector
+  or segmentor;
 
 and, to show the part no runtime changes, ``pipeline``: the same call with a model that only runs
 the data preprocessor (file, decoding, test pipeline, preprocessing; no network, no
@@ -126,23 +127,6 @@ def int8_ir(config, ckpt, full: bool, out: str) -> dict:
     return run_tool('quantize.py', args, dump)
 
 
-def whole_model_metric(backend_model, cfg) -> dict:
-    """The config's test metric with mmdeploy's backend model, batch 1."""
-    from mmengine.evaluator import Evaluator
-    from mmengine.runner import Runner
-
-    loader_cfg = copy.deepcopy(cfg.test_dataloader)
-    loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
-    loader = Runner.build_dataloader(loader_cfg)
-    evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
-    evaluator.dataset_meta = loader.dataset.metainfo
-    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-        for batch in loader:
-            evaluator.process(data_samples=backend_model.test_step(batch), data_batch=batch)
-        metrics = evaluator.evaluate(len(loader.dataset))
-    return {k: float(v) for k, v in metrics.items() if not isinstance(v, (list, tuple))}
-
-
 def whole_models(name: str, config: str, ckpt: str, calib, tmp: str):
     """tools/deploy.py to OpenVINO, the IR quantized by NNCF; {variant: image path -> result},
     {variant: metric}, tools/deploy.py's report."""
@@ -152,6 +136,7 @@ def whole_models(name: str, config: str, ckpt: str, calib, tmp: str):
 
     import mmrepa.integrations.mmdeploy  # noqa: F401  (the current OpenVINO backend)
     from mmrepa.integrations.openvino import op_counts, quantize_nncf, read_model, save_ir
+    from mmrepa.integrations.quantize import config_metric
 
     out = osp.join(tmp, f'{name}_deploy')
     deploy_cfg = osp.join(ROOT, 'configs', 'deploy', DEPLOY_CFG[name])
@@ -170,7 +155,7 @@ def whole_models(name: str, config: str, ckpt: str, calib, tmp: str):
     calls, metrics = {}, {}
     for k, path in xml.items():
         backend_model = processor.build_backend_model([path], processor.update_data_preprocessor)
-        metrics[k] = whole_model_metric(backend_model, model_cfg)
+        metrics[k] = config_metric(backend_model, model_cfg)
 
         def call(image, m=backend_model):
             return m.test_step(processor.create_input(image, shape)[0])[0]

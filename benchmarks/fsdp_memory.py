@@ -1,10 +1,11 @@
 """Per-rank training memory, DDP against FSDP (FoldableFSDPStrategy), computed from a config's
-model: parameters, gradients, AdamW state, and activations with and without ``with_cp``.
+model: parameters, gradients, the optimizer's state, and activations with and without ``with_cp``.
 
     python benchmarks/fsdp_memory.py CONFIG [CONFIG ...] [--ranks 8 16 64] [--out FILE.json]
 
-The model is built on the meta device (no memory, any size). Parameters, gradients and AdamW's
-two moments are float32 (4 + 4 + 8 bytes per parameter); DDP keeps all of it on every rank,
+The model is built on the meta device (no memory, any size). Parameters, gradients and the
+state of the config's optimizer are float32 (4 + 4 bytes per parameter, and for the state
+:func:`optimizer_state_floats`: AdamW 8, SGD with momentum 4); DDP keeps all of it on every rank,
 FSDP (FULL_SHARD) 1/N of it plus, while a unit runs, that unit's gathered parameters and
 gradients (the largest unit counted: the config's ``block_types``). Activations are the bytes
 autograd saves for the backward of one training forward of the config's per-rank batch
@@ -24,6 +25,44 @@ import torch.nn as nn
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 GIB = 2.0**30
+# float32 tensors of a parameter's size an optimizer keeps per parameter: (count, the option
+# that adds one more and its class's default when the config leaves it out)
+STATE_PER_PARAMETER = {
+    'SGD': (0, 'momentum'),
+    'RepOptSGD': (0, 'momentum'),
+    'Adam': (2, 'amsgrad'),
+    'AdamW': (2, 'amsgrad'),
+    'RepOptAdamW': (2, 'amsgrad'),
+}
+
+
+def optimizer_state_floats(optimizer_cfg: dict, model: nn.Module) -> int:
+    """The floats the configured optimizer keeps for ``model``: per parameter, SGD's momentum
+    buffer (none without momentum), Adam's and AdamW's two moments (three with amsgrad); the
+    RepOpt optimizers keep besides, per RepOpt kernel, RepOptSGD its multiplier (one tensor of
+    the kernel's size), RepOptAdamW its branch scales (one per branch)."""
+    import inspect
+
+    from mmengine.registry import OPTIMIZERS
+
+    from mmrepa.engine.optimizers import collect_branch_scales
+
+    kind = optimizer_cfg['type']
+    name = kind if isinstance(kind, str) else kind.__name__
+    if name not in STATE_PER_PARAMETER:
+        raise ValueError(
+            f'benchmarks/fsdp_memory.py does not know the state of optimizer {name!r}: add it '
+            f'to STATE_PER_PARAMETER (known: {", ".join(STATE_PER_PARAMETER)})'
+        )
+    count, option = STATE_PER_PARAMETER[name]
+    defaults = inspect.signature(OPTIMIZERS.get(kind) if isinstance(kind, str) else kind)
+    if optimizer_cfg.get(option, defaults.parameters[option].default):
+        count += 1
+    floats = count * sum(p.numel() for p in model.parameters())
+    if name.startswith('RepOpt'):
+        scales = collect_branch_scales(model).values()
+        floats += sum(a[0].numel() if name == 'RepOptSGD' else a.numel() for a in scales)
+    return floats
 
 
 def saved_bytes(model: nn.Module, inputs: torch.Tensor, block_types) -> dict:
@@ -81,13 +120,15 @@ def estimate(path: str, ranks) -> dict:
         ),
         default=params,
     )
-    result.update(parameters=params, largest_unit_parameters=unit)
+    optimizer = cfg.optim_wrapper.optimizer
+    state = 4 * optimizer_state_floats(optimizer, model)
+    result.update(parameters=params, largest_unit_parameters=unit, optimizer=optimizer.type)
     for n in ranks:
-        ddp = dict(params=4 * params, grads=4 * params, adamw=8 * params)
+        ddp = dict(params=4 * params, grads=4 * params, optimizer=state)
         fsdp = dict(
             params=4 * params / n + 4 * unit,
             grads=4 * params / n + 4 * unit,
-            adamw=8 * params / n,
+            optimizer=state / n,
         )
         result['ranks'][n] = {
             name: dict(
@@ -107,7 +148,8 @@ def table(r: dict) -> str:
         f'{r["largest_unit_parameters"] / 1e6:.1f} M), {r["per_rank_batch"]} images of '
         f'{r["image_size"]} px per rank; activations {r["activations"] / GIB:.1f} GiB, '
         f'{r["activations_cp"] / GIB:.1f} GiB with with_cp',
-        '| ranks | run | params | grads | AdamW | + activations | + activations, with_cp |',
+        f'| ranks | run | params | grads | {r["optimizer"]} | + activations | '
+        '+ activations, with_cp |',
         '|---|---|---|---|---|---|---|',
     ]
     for n, runs in r['ranks'].items():
@@ -115,7 +157,8 @@ def table(r: dict) -> str:
             lines.append(
                 f'| {n} | {name.upper()} | '
                 + ' | '.join(
-                    f'{s[k] / GIB:.2f}' for k in ('params', 'grads', 'adamw', 'total', 'total_cp')
+                    f'{s[k] / GIB:.2f}'
+                    for k in ('params', 'grads', 'optimizer', 'total', 'total_cp')
                 )
                 + ' |'
             )

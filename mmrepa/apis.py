@@ -2,6 +2,7 @@
 alike) with its checkpoint, class names and palette, folded if asked. The command-line pieces
 the tools share are in :mod:`mmrepa.integrations.cli`."""
 
+import contextlib
 import copy
 import importlib
 import os.path as osp
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 from mmengine.config import Config
+from mmengine.logging import MMLogger
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
@@ -123,17 +125,41 @@ def _dataset_meta(
     return found
 
 
+@contextlib.contextmanager
+def _logs_held_until_success():
+    """Hold what mmengine's current logger is told inside, and pass it on only if the block
+    succeeds: a model that cannot be built stops a tool with one line, not below what its
+    parts logged before the error (mmpretrain's data preprocessor logs an INFO line when the
+    config has batch augmentations)."""
+    logger, held = MMLogger.get_current_instance(), []
+
+    def hold(record):
+        held.append(record)
+        return False
+
+    logger.addFilter(hold)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hold)
+    for record in held:
+        logger.handle(record)
+
+
 def build_model(cfg: Config) -> nn.Module:
     """Build ``cfg.model`` in the config's default scope as mmengine's Runner does: a top-level
     ``data_preprocessor`` (where mmpretrain configs keep it) goes into the model. SyncBN is
-    reverted to BN (outside a process group it cannot run)."""
+    reverted to BN (outside a process group it cannot run). What the build logs is printed
+    after it, and not at all if it fails (its error comes first, alone)."""
     scope = cfg.get('default_scope', 'mmengine')
     init_default_scope(scope)
     registry = importlib.import_module(f'{scope}.registry')
     model_cfg = copy.deepcopy(cfg.model)
     if cfg.get('data_preprocessor') is not None:
         model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
-    return revert_sync_batchnorm(registry.MODELS.build(model_cfg))
+    with _logs_held_until_success():
+        model = registry.MODELS.build(model_cfg)
+    return revert_sync_batchnorm(model)
 
 
 def init_model(

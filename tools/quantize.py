@@ -39,9 +39,7 @@ first.
 """
 
 import argparse
-import contextlib
 import copy
-import io
 import os.path as osp
 import sys
 import tempfile
@@ -75,8 +73,10 @@ from mmrepa.integrations.quantize import (
     CALIBRATION_METHODS,
     SessionModel,
     check_inputs_shape,
+    config_metric,
     fold_identity_apart,
     fold_range_report,
+    metric_loader,
     needs_reduce_range,
     pipeline_inputs,
     qdq_summary,
@@ -256,39 +256,6 @@ def all_outputs(session, inputs):
     return [o for array, _ in inputs for o in session.run(None, {'input': array})]
 
 
-def metric_loader(cfg):
-    """The config's test loader, batch 1, in this process."""
-    from mmengine.runner import Runner
-
-    loader_cfg = copy.deepcopy(cfg.test_dataloader)
-    loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
-    return Runner.build_dataloader(loader_cfg)
-
-
-def evaluate(model, cfg, session, full: bool, batches=None) -> dict:
-    """The config's test metric with ``session`` computing the backbone (``full``: the
-    detector's tensor forward), the rest of the model in PyTorch; batch 1; on ``batches`` (of
-    the test loader) if given, else on the whole test set."""
-    from mmengine.evaluator import Evaluator
-
-    loader = metric_loader(cfg)
-    batches = loader if batches is None else list(batches)
-    evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
-    evaluator.dataset_meta = loader.dataset.metainfo
-    model = SessionModel(model, session, full)
-    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # pycocotools' prints
-        for batch in batches:
-            evaluator.process(data_samples=model.test_step(batch), data_batch=batch)
-        metrics = evaluator.evaluate(len(batches) if batches is not loader else len(loader.dataset))
-    # lists: per-class metrics (mmpretrain's SingleLabelMetric with average=None)
-    return {
-        k: [float(x) for x in v]
-        if isinstance(v, (list, tuple)) or getattr(v, 'ndim', 0)
-        else float(v)
-        for k, v in metrics.items()
-    }
-
-
 def main_metric(metrics: dict) -> str:
     for key in ('coco/bbox_mAP', 'accuracy/top1', 'mIoU'):
         if key in metrics:
@@ -321,7 +288,8 @@ def accuracy_control(model, cfg, args, threads: int):
             return model.data_preprocessor(batch, False)['inputs'].float().numpy()
 
     def metric(compiled, batches):
-        metrics = evaluate(model, cfg, OpenVINOSession(compiled, threads), args.full, batches)
+        session = SessionModel(model, OpenVINOSession(compiled, threads), args.full)
+        metrics = config_metric(session, cfg, batches)
         key[:] = key or [main_metric(metrics)]
         return metrics[key[0]], None
 
@@ -462,7 +430,8 @@ def main(argv=None) -> dict:
 
         if not args.no_metric:
             result['metric'] = {
-                k: evaluate(targets[args.form], cfg, s, args.full) for k, s in sessions.items()
+                k: config_metric(SessionModel(targets[args.form], s, args.full), cfg)
+                for k, s in sessions.items()
             }
             key = main_metric(result['metric']['float32'])
             f32, i8 = result['metric']['float32'][key], result['metric']['int8'][key]

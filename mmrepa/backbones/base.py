@@ -1,5 +1,6 @@
 """What every mmrepa backbone shares: the dense-prediction options users know from mmdet."""
 
+import re
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -170,11 +171,55 @@ class DenseBackbone(Reparameterizable, BaseModule):
             state_dict,
             source=source,
             may_be_missing=['norm[0-9]*', *self.optional_keys(state_dict, source)],
+            explain=self.attention_mismatch,
+        )
+
+    def attention_mismatch(self, missing: List[str], unexpected: List[str]) -> Optional[str]:
+        """With per-stage ``attn_types``: where the missing keys and the unused ones are the
+        blocks' attention in the same stages, the checkpoint has another attention kind there
+        (a softmax PRepBN-PVT checkpoint for SLAB-PVT): say so, and which of its parts differ."""
+        if not getattr(self, 'attn_types', None):
+            return None
+        needed, found = _attention_keys(missing), _attention_keys(unexpected)
+        stages = sorted(set(needed) & set(found))
+        if not stages:
+            return None
+        i = stages[0]
+        found[i], needed[i] = _distinct_parts(found[i], needed[i])
+        return (
+            f'its blocks have another attention than this {type(self).__name__} '
+            f"(attn_types='{self.attn_types}') in stage(s) {', '.join(map(str, stages))}: "
+            f"stage {i}'s has {', '.join(sorted(found[i]))} where the model's has "
+            f'{", ".join(sorted(needed[i]))}; set attn_types to the attention the checkpoint '
+            'was trained with'
         )
 
     def optional_keys(self, state_dict: Dict[str, torch.Tensor], source: str) -> List[str]:
         """Patterns of own keys that this (filtered) checkpoint may lack."""
         return []
+
+
+_ATTENTION_KEY = re.compile(r'^stages\.(\d+)\.blocks\.\d+\.attn\.(.+)$')
+
+
+def _attention_keys(keys: List[str]) -> Dict[int, List[str]]:
+    """``{stage: [keys below a block's attn.]}`` of the blocks' attention keys in ``keys``."""
+    out = {}
+    for key in keys:
+        m = _ATTENTION_KEY.match(key)
+        if m:
+            out.setdefault(int(m[1]), []).append(m[2])
+    return out
+
+
+def _distinct_parts(a: List[str], b: List[str]) -> tuple:
+    """The names of the parts two attentions' keys name, below the path they all share (Swin's
+    ``w_msa.``): ``(sorted names of a, sorted names of b)``."""
+    split = [k.split('.') for k in a + b]
+    depth = 0
+    while all(len(k) > depth + 1 and k[depth] == split[0][depth] for k in split):
+        depth += 1
+    return tuple(sorted({k.split('.')[depth] for k in keys}) for keys in (a, b))
 
 
 def trunc_normal_init_(model: nn.Module, types=(nn.Linear,)) -> None:

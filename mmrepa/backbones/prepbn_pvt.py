@@ -25,6 +25,7 @@ from ..errors import CheckpointError, ConfigError, ConfigTypeError
 from ..fold import (
     FoldPolicy,
     Reparameterizable,
+    add_missing_bias,
     affine_into_linear,
     is_affine_norm,
     norm_affine,
@@ -58,11 +59,6 @@ def _conv_fold(conv: nn.Conv2d, scale, shift, dtype) -> Tuple[torch.Tensor, torc
     ``W`` scaled per input channel, ``b + Σ_taps W shift``."""
     w, b = weight_and_bias(conv, dtype)
     return w * scale.view(1, -1, 1, 1), b + w.sum(dim=(2, 3)) @ shift
-
-
-def _with_bias(layer: nn.Module) -> None:
-    if layer.bias is None:  # the folded layer needs one
-        layer.bias = nn.Parameter(layer.weight.new_zeros(layer.weight.shape[0]))
 
 
 class SpatialReductionAttention(Reparameterizable, BaseModule):
@@ -137,7 +133,7 @@ class SpatialReductionAttention(Reparameterizable, BaseModule):
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         if self.norm is not None and is_affine_norm(self.norm):
             self.norm = None
-            _with_bias(self.kv)
+            add_missing_bias(self.kv)
 
 
 class PVTBlock(PreNormBlock):
@@ -222,7 +218,7 @@ class PVTBlock(PreNormBlock):
             return
         self.norm1 = None
         for name in self._readers():
-            _with_bias(getattr(self.attn, name))
+            add_missing_bias(getattr(self.attn, name))
 
 
 class PVTStage(BaseModule):

@@ -18,6 +18,7 @@ from ..errors import ConfigError, ConfigTypeError
 from ..fold import (
     FoldPolicy,
     Reparameterizable,
+    add_missing_bias,
     is_affine_norm,
     norm_affine,
     norm_fold_problems,
@@ -213,8 +214,7 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
             return
         self.norm1 = None
         qkv, attn = self.attn.w_msa.qkv, self.attn
-        if qkv.bias is None:
-            qkv.bias = nn.Parameter(qkv.weight.new_empty(qkv.weight.shape[0]))
+        add_missing_bias(qkv)
         if attn.padded_qkv is None:
             attn.padded_qkv = qkv.weight.new_empty(qkv.weight.shape[0])
 

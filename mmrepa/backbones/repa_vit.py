@@ -17,6 +17,7 @@ from ..checkpoint.loading import strip_prefixes
 from ..errors import CheckpointError, ConfigError
 from ..fold import (
     FoldPolicy,
+    add_missing_bias,
     affine_into_linear,
     is_affine_norm,
     norm_affine,
@@ -171,17 +172,14 @@ class RePaViTBlock(PreNormBlock):
         if self.branch_scale != 1.0:
             w, b = weight_and_bias(self.attn.proj, dtype)
             tensors['attn.proj.weight'] = w * self.branch_scale
-            if self.attn.proj.bias is not None:
-                tensors['attn.proj.bias'] = b * self.branch_scale
+            tensors['attn.proj.bias'] = b * self.branch_scale
         return tensors
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         if 'attn.qkv.weight' not in tensors:
             return
         self.norm1 = None
-        qkv = self.attn.qkv
-        if qkv.bias is None:
-            qkv.bias = nn.Parameter(qkv.weight.new_empty(qkv.weight.shape[0]))
+        add_missing_bias(self.attn.qkv)
 
 
 @MODELS.register_module()

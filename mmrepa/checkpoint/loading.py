@@ -5,7 +5,7 @@ report missing and unexpected keys by name and refuse to leave a core weight uni
 """
 
 import fnmatch
-from typing import Callable, Dict, Iterable, List, NamedTuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -114,6 +114,7 @@ def load_state_dict_checked(
     state_dict: Dict[str, torch.Tensor],
     may_be_missing: Iterable[str] = (),
     source: str = 'checkpoint',
+    explain: Optional[Callable[[List[str], List[str]], Optional[str]]] = None,
 ) -> LoadReport:
     """Load ``state_dict`` into ``module`` and account for every key.
 
@@ -124,6 +125,8 @@ def load_state_dict_checked(
             output norms of a detection backbone when loading a classification checkpoint).
             ``num_batches_tracked`` may always be missing.
         source: Name of the checkpoint, for messages.
+        explain: ``explain(missing, unexpected)``: the likely cause, in one line, when keys
+            the model needs are missing (e.g. another attention kind), else None.
 
     Raises:
         ValueError: a tensor has another shape than the model's (another architecture).
@@ -136,13 +139,16 @@ def load_state_dict_checked(
     patterns = list(may_be_missing) + ['*num_batches_tracked']
     missing = [k for k in own if k not in state_dict]
     core = [k for k in missing if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]
+    unexpected = [k for k in state_dict if k not in own]
+    cause = explain(core, unexpected) if core and explain else None
+    if cause:
+        raise MissingKeysError(f'{source}: {cause}')
     if core:
         raise MissingKeysError(
             f'{source} lacks {len(core)} weight(s) or BatchNorm statistic(s) this model needs: '
             f'{_shorten(core)}. Loading it would leave them at their initial values; check that '
             f'the checkpoint matches the model (arch, idle_ratio, ffn_norm, deploy).'
         )
-    unexpected = [k for k in state_dict if k not in own]
     incompatible = module.load_state_dict(
         {k: v for k, v in state_dict.items() if k in own}, strict=False
     )

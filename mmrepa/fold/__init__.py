@@ -4,6 +4,8 @@ its own and foreign conventions (:mod:`.protocol`), and the arithmetic the folds
 (:mod:`.arithmetic`). The protocol: ``docs/folding_protocol.md``."""
 
 from .arithmetic import (
+    add_missing_bias,
+    affine_after_conv,
     affine_into_linear,
     batchnorm_affine,
     fold_dtype,
@@ -36,6 +38,8 @@ __all__ = [
     'is_affine_norm',
     'norm_affine',
     'norm_fold_problems',
+    'add_missing_bias',
     'affine_into_linear',
+    'affine_after_conv',
     'weight_and_bias',
 ]

@@ -89,3 +89,18 @@ def affine_into_linear(
     """``layer(x * scale + shift)`` as one Linear: ``W diag(scale)``, ``b + W shift``."""
     w, b = weight_and_bias(layer, dtype)
     return w * scale, b + w @ shift
+
+
+def affine_after_conv(
+    conv: nn.Conv2d, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``conv(x) * scale + shift`` (per output channel: a norm after the conv) as one conv:
+    ``W`` scaled per output channel, ``b · scale + shift``."""
+    w, b = weight_and_bias(conv, dtype)
+    return w * scale.view(-1, 1, 1, 1), b * scale + shift
+
+
+def add_missing_bias(layer: nn.Module) -> None:
+    """Give a Linear or conv built without a bias a zero one (the folded layer needs one)."""
+    if layer.bias is None:
+        layer.bias = nn.Parameter(layer.weight.new_zeros(layer.weight.shape[0]))

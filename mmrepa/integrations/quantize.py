@@ -8,6 +8,8 @@
   atomically (a failure leaves no file), returning the calibrated activation ranges;
 - :class:`SessionModel`: an mmdet / mmseg model whose backbone (or single-stage tensor forward)
   an onnxruntime or OpenVINO session computes, for the test metric and end-to-end timing;
+- :func:`config_metric`: the config's test metric of such a model (or any with ``test_step``),
+  as plain floats (:func:`plain_metrics`);
 - :func:`sqnr_db`: signal-to-quantization-noise ratio of INT8 outputs against float32;
 - :func:`weighted_layers` and :func:`fold_range_report`: per-layer weight ranges (from the ONNX
   initializers) and activation ranges (from the calibration), and how folding changed them;
@@ -15,7 +17,9 @@
   INT8 needs (RepVGG layers, channel-idle FFNs whose pre-norm folds).
 """
 
+import contextlib
 import copy
+import io
 import os.path as osp
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -169,6 +173,43 @@ class SessionModel(torch.nn.Module):
                 rescale=True,
             )
             return self.model.add_pred_to_datasample(data['data_samples'], results)
+
+
+def metric_loader(cfg):
+    """The config's test loader, batch 1, in this process."""
+    from mmengine.runner import Runner
+
+    loader_cfg = copy.deepcopy(cfg.test_dataloader)
+    loader_cfg.update(batch_size=1, num_workers=0, persistent_workers=False)
+    return Runner.build_dataloader(loader_cfg)
+
+
+def plain_metrics(metrics: dict) -> dict:
+    """An evaluator's metrics as JSON takes them: floats, and lists of floats for per-class
+    values (mmpretrain's SingleLabelMetric with ``average=None`` gives arrays)."""
+    return {
+        k: [float(x) for x in v]
+        if isinstance(v, (list, tuple)) or getattr(v, 'ndim', 0)
+        else float(v)
+        for k, v in metrics.items()
+    }
+
+
+def config_metric(model, cfg, batches: Optional[list] = None) -> dict:
+    """The config's test metric of ``model`` (anything with ``test_step``: a model, a
+    :class:`SessionModel`, mmdeploy's backend model), batch 1, on ``batches`` of
+    :func:`metric_loader` if given, else on the whole test set; :func:`plain_metrics`."""
+    from mmengine.evaluator import Evaluator
+
+    loader = metric_loader(cfg)
+    batches = loader if batches is None else list(batches)
+    evaluator = Evaluator(copy.deepcopy(cfg.test_evaluator))
+    evaluator.dataset_meta = loader.dataset.metainfo
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):  # pycocotools' prints
+        for batch in batches:
+            evaluator.process(data_samples=model.test_step(batch), data_batch=batch)
+        metrics = evaluator.evaluate(len(batches) if batches is not loader else len(loader.dataset))
+    return plain_metrics(metrics)
 
 
 try:  # onnxruntime is optional (mmrepa.integrations.optional): the module imports without it, for

@@ -6,7 +6,7 @@ The two mmcv subclasses keep mmcv's forward and state-dict names (``projection``
 already skips. With a LayerNorm nothing folds and :meth:`reparameterize` changes nothing.
 """
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn as nn
@@ -19,10 +19,12 @@ from ..errors import ConfigError
 from ..fold import (
     FoldPolicy,
     Reparameterizable,
+    add_missing_bias,
+    affine_after_conv,
+    affine_into_linear,
     is_affine_norm,
     norm_affine,
     norm_fold_problems,
-    weight_and_bias,
 )
 from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
@@ -37,20 +39,16 @@ def _with_mmrepa_norm(kwargs: dict) -> dict:
 
 class _NormFolding(Reparameterizable):
     """``reparameterize`` of a patch layer whose affine ``norm`` folds into the layer named
-    ``_target``; :meth:`_fold` says how (the norm comes after a conv, before a Linear)."""
+    ``_target``; ``_fold(layer, scale, shift, dtype)`` says how (the norm comes after a conv,
+    before a Linear)."""
 
     _target: str
-
-    def _fold(self, weight, bias, scale, shift):
-        """Folded ``(weight, bias)`` in the fold dtype; ``bias`` may be None."""
-        raise NotImplementedError
+    _fold: Callable
 
     def _drop_foldable_norm(self) -> None:
         if self.norm is not None and is_affine_norm(self.norm):
             self.norm = None
-            layer = getattr(self, self._target)
-            if layer.bias is None:  # the folded layer needs one
-                layer.bias = nn.Parameter(layer.weight.new_zeros(layer.weight.shape[0]))
+            add_missing_bias(getattr(self, self._target))
         self.deploy = True
 
     def fold_problems(self) -> List[str]:
@@ -61,14 +59,8 @@ class _NormFolding(Reparameterizable):
         """An affine norm into the conv / Linear; a LayerNorm stays (nothing to fold)."""
         if self.norm is None or not is_affine_norm(self.norm):
             return {}
-        layer = getattr(self, self._target)
         scale, shift = norm_affine(self.norm, dtype)
-        weight, bias = self._fold(
-            layer.weight.to(dtype),
-            None if layer.bias is None else layer.bias.to(dtype),
-            scale,
-            shift,
-        )
+        weight, bias = self._fold(getattr(self, self._target), scale, shift, dtype)
         return {f'{self._target}.weight': weight, f'{self._target}.bias': bias}
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
@@ -92,6 +84,7 @@ class FoldablePatchEmbed(_NormFolding, PatchEmbed):
     """
 
     _target = 'projection'
+    _fold = staticmethod(affine_after_conv)
 
     def __init__(self, deploy: bool = False, **kwargs):
         super().__init__(**_with_mmrepa_norm(kwargs))
@@ -108,10 +101,6 @@ class FoldablePatchEmbed(_NormFolding, PatchEmbed):
         if self.norm is not None:  # over channels, also for a BatchNorm
             x = channels_last_norm(self.norm, x)
         return x, out_size
-
-    def _fold(self, weight, bias, scale, shift):
-        bias = torch.zeros_like(scale) if bias is None else bias
-        return weight * scale.view(-1, 1, 1, 1), bias * scale + shift
 
 
 class FoldablePatchMerging(_NormFolding, PatchMerging):
@@ -130,6 +119,7 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
     """
 
     _target = 'reduction'
+    _fold = staticmethod(affine_into_linear)
 
     def __init__(self, deploy: bool = False, **kwargs):
         super().__init__(**_with_mmrepa_norm(kwargs))
@@ -167,10 +157,6 @@ class FoldablePatchMerging(_NormFolding, PatchMerging):
         x = x.view(B, H2, 2, W2, 2, C).permute(0, 1, 3, 5, 2, 4).reshape(B, H2 * W2, 4 * C)
         x = channels_last_norm(self.norm, x) if self.norm is not None else x
         return self.reduction(x), (H2, W2)
-
-    def _fold(self, weight, bias, scale, shift):
-        folded_bias = weight @ shift
-        return weight * scale, folded_bias if bias is None else folded_bias + bias
 
 
 class ConvPatchEmbed(Reparameterizable, BaseModule):
@@ -249,16 +235,12 @@ class ConvPatchEmbed(Reparameterizable, BaseModule):
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
         tensors = {}
         for i in (1, 2, 3):
-            conv = getattr(self, f'conv{i}')
             scale, shift = norm_affine(getattr(self, f'bn{i}'), dtype)
-            weight, bias = weight_and_bias(conv, dtype)
-            tensors[f'conv{i}.weight'] = weight * scale.view(-1, 1, 1, 1)
-            tensors[f'conv{i}.bias'] = bias * scale + shift
+            weight, bias = affine_after_conv(getattr(self, f'conv{i}'), scale, shift, dtype)
+            tensors[f'conv{i}.weight'], tensors[f'conv{i}.bias'] = weight, bias
         return tensors
 
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         for i in (1, 2, 3):
             delattr(self, f'bn{i}')
-            conv = getattr(self, f'conv{i}')
-            if conv.bias is None:
-                conv.bias = nn.Parameter(conv.weight.new_empty(conv.out_channels))
+            add_missing_bias(getattr(self, f'conv{i}'))

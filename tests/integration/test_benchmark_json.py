@@ -188,3 +188,88 @@ def test_family_speed_times_a_tiny_model_folded_and_unfolded(tmp_path, monkeypat
     assert row['params_before'] > row['params_after']
     table = capsys.readouterr().out
     assert 'tiny' in table and '+130.1 %' in table
+
+
+def test_fsdp_memory_counts_the_configured_optimizers_state():
+    """By hand: a Linear(3, 2) has 8 parameters; a RepOptConvBN(2, 2) a 2x2x3x3 kernel (36) and
+    a BatchNorm (4), and 3 branch scales per kernel entry."""
+    from mmrepa.backbones.repopt_vgg.blocks import RepOptConvBN
+
+    count = script_module('benchmarks/fsdp_memory.py').optimizer_state_floats
+    linear, repopt = nn.Linear(3, 2), RepOptConvBN(2, 2)
+    assert count(dict(type='SGD', lr=0.1), linear) == 0  # torch's SGD: no momentum by default
+    assert count(dict(type='SGD', lr=0.1, momentum=0.9), linear) == 8
+    assert count(dict(type='AdamW', lr=0.1), linear) == 16
+    assert count(dict(type='AdamW', lr=0.1, amsgrad=True), linear) == 24
+    assert count(dict(type='RepOptSGD', momentum=0.9), repopt) == 40 + 36  # momentum, M
+    assert count(dict(type='RepOptSGD'), repopt) == 36
+    assert count(dict(type='RepOptAdamW'), repopt) == 2 * 40 + 3 * 36  # moments, A
+    with pytest.raises(ValueError, match="optimizer 'Lamb'"):
+        count(dict(type='Lamb'), linear)
+
+
+def test_demo_end_to_end_measures_an_untrained_retinanet(tmp_path, monkeypatch):
+    """benchmarks/demo_end_to_end.py's path (the OpenVINO sessions in the model, the interleaved
+    timing of every variant, the comparison with the trained model, the JSON) on the demo
+    RetinaNet as initialised and two generated validation images, without mmdeploy.
+    tools/quantize.py's NNCF run (tests/integration/test_quantize.py runs it) is left out: the
+    INT8 session computes the float32 graph the benchmark exports (the one NNCF would
+    quantize); NNCF alone takes longer than this test may."""
+    from mmrepa.apis import init_model
+    from mmrepa.datasets import make_shapes_coco
+    from mmrepa.integrations import openvino
+
+    pytest.importorskip('openvino')
+    e2e = script_module('benchmarks/demo_end_to_end.py')
+    data = make_shapes_coco(str(tmp_path / 'data'), num_train=2, num_val=2, size=64) + '/'
+    config, ckpt = e2e.MODELS['retinanet'].config, e2e.MODELS['retinanet'].checkpoint
+    folder = tmp_path / 'work_dirs' / 'demo'
+    (folder / osp.dirname(config)).mkdir(parents=True)
+    (folder / config).write_text(
+        f'_base_ = {osp.join(ROOT, "configs", "demo", osp.basename(config))!r}\n'
+        f'data_root = {data!r}\n'
+        'test_dataloader = dict(dataset=dict(data_root=data_root), num_workers=0, '
+        'persistent_workers=False)\n'
+        'train_dataloader = test_dataloader\n'
+        "test_evaluator = dict(ann_file=data_root + 'annotations/val.json')\n"
+    )
+    model = init_model(str(folder / config))
+    meta = dict(dataset_meta=model.dataset_meta)
+    torch.save(dict(state_dict=model.state_dict(), meta=meta), folder / ckpt)
+    int8 = []
+
+    def quantize_tool(tool, args, dump):
+        assert tool == 'quantize.py' and args[2:6] == ['--backend', 'openvino', '--form', 'folded']
+        assert '--full' in args  # RetinaNet: the whole tensor forward
+        int8.append(args[args.index('--out') + 1])
+        return dict(sqnr_db=float('inf'), int8_ops=dict(fake_quantize=0))
+
+    def session(path, threads=0):
+        if path in int8:  # the float32 graph exported beside it
+            path = osp.join(osp.dirname(path), 'retinanet_fp32.onnx')
+        return real_session(path, threads)
+
+    real_session = openvino.OpenVINOSession
+    monkeypatch.setattr(e2e, 'run_tool', quantize_tool)
+    monkeypatch.setattr(openvino, 'OpenVINOSession', session)
+    monkeypatch.chdir(tmp_path)  # the script moves to --demo-root; given back after
+    threads = torch.get_num_threads()
+    out = tmp_path / 'e2e.json'
+    try:
+        e2e.main(
+            ['--only', 'retinanet', '--images', '2', '--repeat', '1', '--warmup', '0']
+            + ['--no-mmdeploy', '--demo-root', str(tmp_path), '--out', str(out)]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(out.read_text())
+    check_machine(result['machine'])
+    assert result['machine']['load_average_end'] is not None and result['skipped'] == []
+    row = result['models']['retinanet']
+    ms = {k: v['median'] for k, v in row['latency_ms'].items()}
+    assert set(ms) == {*e2e.VARIANTS, 'pipeline'} and row['images'] == 2
+    assert row['ratios_to_trained'] == {k: ms['trained'] / ms[k] for k in e2e.VARIANTS}
+    assert row['end_to_end'] == ms['trained'] / ms['openvino_int8']
+    assert row['int8_vs_openvino_fp32'] == ms['openvino_fp32'] / ms['openvino_int8']
+    agreement = row['agreement_with_trained']
+    assert agreement['folded']['instances'] > 0 and agreement['folded']['same_labels']

@@ -7,7 +7,7 @@ from mmengine.config import Config
 from mmrepa.apis import load_config
 from mmrepa.integrations.cli.args import tool_argument_parser, tool_config
 from mmrepa.integrations.cli.config_checks import check_custom_imports
-from tests.helpers import ROOT
+from tests.helpers import ROOT, fresh_mmengine_instances
 
 
 def test_a_config_using_mmrepa_without_importing_it_is_refused(tmp_path):
@@ -83,3 +83,32 @@ def test_a_config_error_stops_a_tool_with_one_line():
 
     with pytest.raises(SystemExit, match=r'^tools/x.py: config c.py: model.backbone'):
         main()
+
+
+def test_what_a_failing_build_logs_is_not_printed_and_a_good_builds_is_after_it():
+    """mmpretrain's data preprocessor logs an INFO line when the config has batch augmentations:
+    a build that then fails (a head's bad option) shows its error alone."""
+    import io
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    from mmrepa.apis import build_model
+
+    augments = dict(augments=[dict(type='Mixup', alpha=0.8)])
+    stream = io.StringIO()
+    with fresh_mmengine_instances():
+        logger = MMLogger.get_instance('test_apis_held_logs', log_level='INFO')
+        handler = logging.StreamHandler(stream)
+        handler.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        cfg = load_config(
+            osp.join(ROOT, 'configs', 'demo', 'classifier_repa_caformer_shapes.py'),
+            {'model.data_preprocessor.batch_augments': augments, 'model.head.num_classes': 0},
+        )
+        with pytest.raises(ValueError, match='num_classes'):
+            build_model(cfg)
+        assert stream.getvalue() == ''
+        cfg.model.head.num_classes = 3
+        build_model(cfg)
+    assert 'Because batch augmentations are enabled' in stream.getvalue()

@@ -322,6 +322,41 @@ def test_slab_pvt_checkpoint_is_slabs_formula(tmp_path):
             assert rel_diff(ref, model(x)) < 1e-10
 
 
+def test_only_the_linear_norms_step_counters_are_read_other_warm_keys_are_unexpected(tmp_path):
+    """SLAB's LinearNorms keep ``warm`` / ``iter`` / ``total_step`` buffers, which become λ; a
+    ``warm`` key of anything else (a layer, a submodule of a LinearNorm) is not theirs."""
+    sd = slab_pvt_state_dict()
+    sd['block1.0.attn.warm'] = torch.tensor(1)  # a layer that is no LinearNorm
+    sd['block1.0.norm1.norm1.warm'] = torch.tensor(1)  # inside a LinearNorm, not its counter
+    path = tmp_path / 'slab.pth'
+    torch.save({'state_dict': sd}, path)
+    report = slab_pvt().load_pretrained(str(path))
+    assert sorted(k for k in report.unexpected if k.endswith('.warm')) == [
+        'stages.0.blocks.0.attn.warm',
+        'stages.0.blocks.0.norm1.norm1.warm',
+    ]
+
+
+def test_a_checkpoint_of_another_attention_kind_names_attn_types(tmp_path):
+    """A softmax PRepBN-PVT checkpoint for SLAB-PVT lacks the linear attention's weights: the
+    error names the stages and attn_types; keys missing for another reason keep the list."""
+    arch = dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
+    sd = PRepBNPVT(arch, attn_types='SSSS').state_dict()
+    path = tmp_path / 'softmax.pth'
+    torch.save({'state_dict': sd}, path)
+    with pytest.raises(CheckpointError) as err:
+        PRepBNPVT(arch, attn_types='SSLL').load_pretrained(str(path))
+    message = str(err.value)
+    assert "another attention than this PRepBNPVT (attn_types='SSLL') in stage(s) 2, 3:" in message
+    assert "stage 2's has kv, norm, q, sr where the model's has dwc, positional_encoding, qkv" in (
+        message
+    )
+    del sd['stages.1.blocks.0.ffn.fc1.weight']
+    torch.save({'state_dict': sd}, path)
+    with pytest.raises(CheckpointError, match=r'lacks 1 weight.*stages\.1\.blocks\.0\.ffn'):
+        PRepBNPVT(arch, attn_types='SSSS').load_pretrained(str(path))
+
+
 def test_linear_attention_stages_reduce_nothing():
     """An 'L' stage ignores its sr_ratio: it does not bound the input size."""
     kw = dict(KW, sr_ratios=(16, 4, 2, 1))

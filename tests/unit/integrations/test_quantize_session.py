@@ -9,7 +9,7 @@ from PIL import Image
 from mmrepa import reparameterize
 from mmrepa.apis import init_model
 from mmrepa.integrations.onnx import TensorForward, export_onnx, onnxruntime_session
-from mmrepa.integrations.quantize import SessionModel
+from mmrepa.integrations.quantize import SessionModel, plain_metrics
 from tests.helpers import demo_cfg
 
 pytest.importorskip('onnxruntime')
@@ -44,3 +44,26 @@ def test_session_model_detects_as_the_model(detector, full):
     assert torch.equal(a.labels, b.labels)
     assert (a.scores - b.scores).abs().max() < 1e-5
     assert (a.bboxes - b.bboxes).abs().max() < 1e-3
+
+
+def test_metrics_become_floats_and_per_class_lists():
+    """As an evaluator may return them: numpy and 0-d torch scalars, a per-class list (mmpretrain's
+    SingleLabelMetric with average=None), a per-class array or tensor."""
+    metrics = {
+        'map': np.float64(0.25),
+        'acc': torch.tensor(0.5),
+        'per_class': [100.0, 0.0],
+        'per_class_array': np.array([0.5, 0.75]),
+        'per_class_tensor': torch.tensor([1.0, 0.0]),
+    }
+    plain = plain_metrics(metrics)
+    assert plain == {
+        'map': 0.25,
+        'acc': 0.5,
+        'per_class': [100.0, 0.0],
+        'per_class_array': [0.5, 0.75],
+        'per_class_tensor': [1.0, 0.0],
+    }
+    assert all(
+        type(x) is float for v in plain.values() for x in (v if isinstance(v, list) else [v])
+    )
