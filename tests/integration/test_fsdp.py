@@ -30,14 +30,14 @@ from tests.helpers import (
     tiny_classifier_config,
     write_images,
 )
+from tests.integration.config_checks import TINY_ARCHS
 
-DEPTH_TINY = dict(embed_dims=16, num_layers=12, num_heads=2)
 # config, tiny arch, the FSDP unit, what else the worker checks
 MODELS = {
     'swin': ('repa_swin/repa_swin_t_32xb128_in1k.py', TINY_ARCH, 'RePaSwinBlock', 'resume,bf16'),
     'depth': (
         'depth_rep_vit/depthrep_vit_tiny_d6_8xb128_pretrain_in1k.py',
-        DEPTH_TINY,
+        TINY_ARCHS['DepthRepViT'],
         'JoinedBlock',
         'ddp',
     ),
@@ -126,14 +126,22 @@ def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
     assert counts == {2}  # one batch per rank, averaged
 
 
-@pytest.mark.parametrize('mode', ['FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD'])
-def test_sharded_training_equals_one_process(launch, mode):
-    """RePa-Swin with LayerNorms in float64: each rank's half of every batch under FSDP gives
-    what one process gives on the whole batches (the mean of the ranks' gradients is the
-    whole batch's), for every sharding strategy; only the order of the sums differs."""
-    single = launch[2][0]['reference']['single']
+@pytest.mark.parametrize(
+    'backbone, mode',
+    [
+        ('swin', 'FULL_SHARD'),
+        ('swin', 'SHARD_GRAD_OP'),
+        ('swin', 'NO_SHARD'),
+        ('depth', 'FULL_SHARD'),
+    ],
+)
+def test_sharded_training_equals_one_process(launch, backbone, mode):
+    """RePa-Swin with LayerNorms and DepthRepViT (LayerNorms only) in float64: each rank's half
+    of every batch under FSDP gives what one process gives on the whole batches (the mean of
+    the ranks' gradients is the whole batch's); only the order of the sums differs."""
+    single = launch[2][0]['reference'][backbone]['single']
     for rank in (0, 1):
-        sharded = launch[2][rank]['reference'][mode]
+        sharded = launch[2][rank]['reference'][backbone][mode]
         assert sharded.keys() == single.keys()
         for k, v in single.items():
             assert v.dtype == torch.float64 and torch.allclose(
