@@ -361,6 +361,8 @@ def mixed_precision_for(model: nn.Module, mixed_precision: dict) -> dict:
         return mp
     for name, module in model.named_modules():
         if type(module) in _PLAIN_BATCHNORMS:
+            # in place (not a new module, as convert_sync_batchnorm makes): its parameters,
+            # buffers, hooks and every reference to it stay, and so does its type's name
             module.__class__ = _float32_affine_class(type(module))
         elif isinstance(module, _BatchNorm) and not isinstance(module, Float32AffineBatchNorm):
             raise ConfigError(

@@ -80,3 +80,29 @@ def test_what_mixed_precision_cannot_keep_float32_is_refused(mp, module, message
     with pytest.raises(ConfigError, match=message) as e:
         mixed_precision_for(nn.Sequential(module), mp)
     assert '\n' not in str(e.value)
+
+
+def test_prepbn_under_bf16_weights_keeps_lambda_and_statistics_float32():
+    """PRepBN as FSDP runs it in bfloat16 (its weights cast, its buffers not): it computes
+    λ·LN(x) + (1 − λ)·(BN(x) + η·x), written out here in float64, to bfloat16's rounding."""
+    from mmrepa.layers import PRepBN
+
+    g = torch.Generator().manual_seed(0)
+    layer = PRepBN(8, lam=0.3)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    mixed_precision_for(layer, BF16)
+    for p in layer.parameters():
+        p.data = p.data.bfloat16()
+    x = (torch.randn(4, 5, 8, generator=g) * 2).bfloat16()
+    y = layer(x)
+    assert y.dtype == torch.bfloat16
+    assert layer.lam.dtype == layer.repbn.bn.running_var.dtype == torch.float32
+    t = x.double().reshape(-1, 8)
+    ln = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, unbiased=False, keepdim=True) + 1e-5)
+    ln = ln * layer.ln.weight.double() + layer.ln.bias.double()
+    bn = (t - t.mean(0)) / torch.sqrt(t.var(0, unbiased=False) + 1e-5)
+    bn = bn * layer.repbn.bn.weight.double() + layer.repbn.bn.bias.double()
+    ref = 0.3 * ln + 0.7 * (bn + layer.repbn.eta.double() * t)
+    assert torch.allclose(y.double().reshape(-1, 8), ref, rtol=2**-6, atol=2**-6)
