@@ -7,8 +7,9 @@ mmengine's ``FSDPStrategy`` is used as it is except where it cannot work here: i
 ``device_id`` (both fail on a machine without CUDA, so CPU runs and CI could not shard at all),
 and nothing stops an auto-wrap policy from putting part of a foldable block in one unit and
 the rest in another. :class:`FoldableFSDPStrategy` changes those two steps and checks the
-wrapped model, builds the optimizer over whole tensors and gives a RepOpt optimizer the branch
-scales of its rank's pieces; everything else (state dicts, optimizer sharding, checkpoints) is
+wrapped model, keeps FSDP's mixed precision from splitting blocks or rounding statistics,
+builds the optimizer over whole tensors and gives a RepOpt optimizer the branch scales of its
+rank's pieces; everything else (state dicts, optimizer sharding, checkpoints) is
 mmengine's.
 """
 
@@ -21,10 +22,12 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmengine._strategy import FSDPStrategy
 from mmengine.device import get_device
 from mmengine.dist import get_rank, get_world_size, is_distributed
 from mmengine.registry import FUNCTIONS, MODELS, STRATEGIES
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoint.sharded import SHARD_META, rank_file
 from ..errors import CheckpointError, ConfigError, DependencyError
@@ -164,13 +167,17 @@ class FoldableFSDPStrategy(FSDPStrategy):
                 f'{torch.__version__} does not have ({e}); install a torch with distributed '
                 'support or train with DDP (the default Runner)'
             ) from None
+        self.model_wrapper = dict(self.model_wrapper or dict(type='MMFullyShardedDataParallel'))
         if torch.cuda.is_available():
             # FSDPStrategy takes DDPStrategy's sync_bn but never applies it (SyncBN needs CUDA)
             model = self.convert_model(model)
         else:
             # mmengine passes device_id=LOCAL_RANK, a CUDA device: keep the CPU
-            self.model_wrapper = dict(self.model_wrapper or dict(type='MMFullyShardedDataParallel'))
             self.model_wrapper.setdefault('device_id', torch.device('cpu'))
+        if isinstance(self.model_wrapper.get('mixed_precision'), dict):
+            self.model_wrapper['mixed_precision'] = mixed_precision_for(
+                model, self.model_wrapper['mixed_precision']
+            )
         wrapped = super()._wrap_model(model)
         inner = wrapped.module if wrapped is not None else model
         split = split_blocks(inner, FullyShardedDataParallel)
@@ -326,6 +333,84 @@ class FoldableFSDPStrategy(FSDPStrategy):
 
     _loaded_shards = False
     _model_cfg: Optional[dict] = None
+
+
+_FULL = (None, torch.float32, torch.float64, 'float32', 'float64')
+
+
+def mixed_precision_for(model: nn.Module, mixed_precision: dict) -> dict:
+    """FSDP's ``mixed_precision`` (a config dict) as mmrepa's models can train with it.
+
+    Buffers stay in full precision (``buffer_dtype`` float32 or unset; anything lower is
+    refused): FSDP would keep the BatchNorm statistics and the λ schedules rounded to 8
+    mantissa bits, and save and fold them so. FSDP's default of a unit of its own for every
+    BatchNorm (run in full precision) would split the blocks whose fold absorbs it and hide
+    the BatchNorm from the layers that apply it by type; here the BatchNorms stay in their
+    block's unit and compute with float32 weights and statistics on the low-precision input
+    (:class:`Float32AffineBatchNorm`). The optimizer keeps float32 weights either way.
+    """
+    mp = dict(mixed_precision)
+    if mp.get('buffer_dtype') not in _FULL:
+        raise ConfigError(
+            f'mixed_precision buffer_dtype={mp["buffer_dtype"]!r} would keep the BatchNorm '
+            "statistics and λ rounded; set buffer_dtype='float32' (param_dtype and "
+            'reduce_dtype may be bfloat16)'
+        )
+    mp.setdefault('_module_classes_to_ignore', ())
+    if mp.get('param_dtype') in _FULL:
+        return mp
+    for name, module in model.named_modules():
+        if type(module) in _PLAIN_BATCHNORMS:
+            # in place (not a new module, as convert_sync_batchnorm makes): its parameters,
+            # buffers, hooks and every reference to it stay, and so does its type's name
+            module.__class__ = _float32_affine_class(type(module))
+        elif isinstance(module, _BatchNorm) and not isinstance(module, Float32AffineBatchNorm):
+            raise ConfigError(
+                f'{name} is a {type(module).__name__}, which mixed precision under '
+                'FoldableFSDPStrategy cannot keep in float32 (plain BatchNorm1d/2d/3d only); '
+                'train it in float32 (no mixed_precision) or with sync_bn=None'
+            )
+    return mp
+
+
+class Float32AffineBatchNorm:
+    """A BatchNorm (mixed in before its class) whose weight and bias FSDP casts to bfloat16 /
+    float16 computes with them cast back to its statistics' dtype: torch's kernel takes a
+    low-precision input with float32 weights and statistics (and computes in float32), not
+    low-precision weights with float32 statistics."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, stats = self.weight, self.running_mean
+        if w is None or stats is None or w.dtype == stats.dtype:
+            return super().forward(x)
+        # _BatchNorm.forward's bookkeeping with the weights cast (it reads self.weight, which
+        # FSDP sets to the low-precision view during the forward pass)
+        self._check_input_dim(x)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative average
+                factor = 1.0 / float(self.num_batches_tracked)
+        return F.batch_norm(
+            x,
+            stats,
+            self.running_var,
+            w.to(stats.dtype),
+            self.bias.to(stats.dtype),
+            self.training,
+            factor,
+            self.eps,
+        )
+
+
+_PLAIN_BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_FLOAT32_AFFINE: Dict[type, type] = {}
+
+
+def _float32_affine_class(cls: type) -> type:
+    if cls not in _FLOAT32_AFFINE:
+        _FLOAT32_AFFINE[cls] = type(cls.__name__, (Float32AffineBatchNorm, cls), {})
+    return _FLOAT32_AFFINE[cls]
 
 
 def _piece_ranges(model: nn.Module) -> Dict[nn.Parameter, Tuple[List[int], int, int]]:

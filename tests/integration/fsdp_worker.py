@@ -3,10 +3,14 @@
 For each config given: train 4 iterations sharded (FlexibleRunner + FoldableFSDPStrategy, a
 sharded checkpoint at 2 and 4) and test it folded; with CHECKS 'ddp' first train the same 4
 iterations with DDP (the unsharded reference: the same per-rank batches); with 'resume' also
-resume the sharded run from its iteration-2 checkpoint and train to 4. The runs start from one
-initial checkpoint (load_from: the sharded run loads an ordinary checkpoint into its shards).
-Then a tiny RepOpt-VGG (random per-channel constants) trains 4 iterations with RepOptSGD and
-with RepOptAdamW (CSLA clipping), sharded and under DDP, on the strategy without a Runner.
+resume the sharded run from its iteration-2 checkpoint and train to 4; with 'bf16' also train
+it sharded in bfloat16 mixed precision (configs/_base_/runtime/fsdp_bf16.py). The runs start
+from one initial checkpoint (load_from: the sharded run loads an ordinary checkpoint into its
+shards). A tiny RePa-Swin with LayerNorms trains 4 iterations in float64 under each sharding
+strategy (a tiny DepthRepViT under FULL_SHARD), and rank 0 trains each in one process over
+both ranks' batches. Then a tiny
+RepOpt-VGG (random per-channel constants) trains 4 iterations with RepOptSGD and with
+RepOptAdamW (CSLA clipping), sharded and under DDP, on the strategy without a Runner.
 Every rank saves what it ended with to WORK/rank{r}.pth for the test to compare. Last, an
 auto-wrap policy that splits a foldable block is tried, and its error message saved.
 
@@ -32,11 +36,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 import mmrepa  # noqa: F401
 from mmrepa.apis import build_model
-from mmrepa.backbones import RepOptVGG
+from mmrepa.backbones import DepthRepViT, RePaSwin, RepOptVGG
 from mmrepa.engine.strategies import FoldableFSDPStrategy, init_cpu_process_group
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.distributed import setup_cpu_distributed
-from tests.helpers import REPOPT_VGG_TINY, fresh_mmengine_instances
+from tests.helpers import REPOPT_VGG_TINY, ROOT, TINY_ARCH, fresh_mmengine_instances
+from tests.integration.config_checks import TINY_ARCHS
 
 # momentum, decay (not on BN and biases: the paramwise rules must see whole tensors) and a
 # max_norm the CSLA gradient norm exceeds, so that the clipping acts
@@ -58,10 +63,12 @@ def config(path, work, name, **changes):
     return cfg
 
 
-def sharded(path, work, name, blocks, test=True, **changes):
+def sharded(path, work, name, blocks, test=True, wrapper=(), **changes):
     strategy = dict(
         type='FoldableFSDPStrategy',
-        model_wrapper=dict(auto_wrap_policy=dict(type='foldable_block_policy', block_types=blocks)),
+        model_wrapper=dict(
+            auto_wrap_policy=dict(type='foldable_block_policy', block_types=blocks), **dict(wrapper)
+        ),
     )
     cfg = config(path, work, name, strategy=strategy, **changes)
     with fresh_mmengine_instances():
@@ -84,6 +91,79 @@ class RepOptNet(nn.Module):
 
     def forward(self, x):
         return self.head(self.backbone(x)[0].mean((2, 3)))
+
+
+# backbones whose normalisation does not depend on the batch (LayerNorms), and their FSDP unit
+LAYER_NORM_BACKBONES = {
+    # one output: FSDP gives a parameter outside the loss a zero gradient (AdamW decays it),
+    # one process none (AdamW skips it)
+    'swin': (
+        lambda: RePaSwin(TINY_ARCH, ffn_norm='LN', drop_path_rate=0.0, out_indices=(3,)),
+        'RePaSwinBlock',
+    ),
+    # λ between the branches' two forms, so that both take part
+    'depth': (
+        lambda: DepthRepViT(TINY_ARCHS['DepthRepViT'], depth=6, img_size=32, join_lambda=0.5),
+        'JoinedBlock',
+    ),
+}
+
+
+class LayerNormNet(nn.Module):
+    """A tiny backbone with LayerNorms only (no statistic depends on how the batch is split)
+    and a linear head, in float64."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = LAYER_NORM_BACKBONES[backbone][0]()
+        widths = getattr(self.backbone, 'num_features', [self.backbone.embed_dims])
+        self.head = nn.Linear(widths[-1], 3)
+        self.double()
+
+    def forward(self, x):
+        out = self.backbone(x)[-1]
+        return self.head(out.mean((2, 3)) if out.ndim == 4 else out)
+
+
+def one_process_reference(backbone, modes):
+    """``{sharding strategy or 'single': parameters}``: 4 AdamW steps of a
+    :class:`LayerNormNet` in float64, each rank on its half of every batch under FSDP, and
+    (rank 0) one process on the whole batches: the mean loss over both halves has the mean of
+    the ranks' gradients, what FSDP's reduction computes."""
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (
+            torch.randn(4, 3, 32, 32, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (4,), generator=g),
+        )
+        for _ in range(4)
+    ]
+    half = slice(2 * get_rank(), 2 * get_rank() + 2)
+    optim = ConfigDict(optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05))
+    block = LAYER_NORM_BACKBONES[backbone][1]
+    out = {}
+    for mode in modes:
+        policy = dict(type='foldable_block_policy', block_types=[block])  # mmengine pops 'type'
+        strategy = FoldableFSDPStrategy(
+            skip_init_weights=True,
+            model_wrapper=dict(sharding_strategy=mode, auto_wrap_policy=policy),
+        )
+        model, wrapper = strategy.prepare(LayerNormNet(backbone), optim_wrapper=optim)
+        for x, y in batches:
+            wrapper.update_params(F.cross_entropy(model(x[half]), y[half]))
+        with FSDP.summon_full_params(model, writeback=False):
+            out[mode] = {
+                k.replace('_fsdp_wrapped_module.', ''): v.detach().clone()
+                for k, v in model.named_parameters()
+            }
+    if get_rank() == 0:
+        model = LayerNormNet(backbone)
+        wrapper = build_optim_wrapper(model, optim)
+        for x, y in batches:
+            wrapper.update_params(F.cross_entropy(model(x), y))
+        out['single'] = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return out
 
 
 def train_repopt(model, optim_wrapper):
@@ -129,6 +209,10 @@ def repopt(name):
     return out
 
 
+def losses(runner):
+    return [float(v) for v in runner.message_hub.get_scalar('train/loss').data[0]]
+
+
 def main(work, *named):
     init_cpu_process_group('pytorch')
     out = {}
@@ -152,15 +236,33 @@ def main(work, *named):
                 runner = Runner.from_cfg(cfg)
                 runner.train()
                 result['ddp'] = {k: v.clone() for k, v in runner.model.module.state_dict().items()}
-        _, result['fsdp'], result['fsdp_metrics'] = sharded(
+        runner, result['fsdp'], result['fsdp_metrics'] = sharded(
             path, work, f'{name}_fsdp', blocks, load_from=init
         )
+        result['fsdp_losses'] = losses(runner)
+        if 'bf16' in checks:
+            bf16 = Config.fromfile(osp.join(ROOT, 'configs/_base_/runtime/fsdp_bf16.py'))
+            wrapper = dict(mixed_precision=bf16.strategy.model_wrapper.mixed_precision)
+            runner, result['bf16'], result['bf16_metrics'] = sharded(
+                path, work, f'{name}_bf16', blocks, wrapper=wrapper, load_from=init
+            )
+            result['bf16_losses'] = losses(runner)
+            result['init'] = torch.load(init, weights_only=True)['state_dict']
+            # as the sharded model holds them: the buffers' dtype, the optimizer's pieces
+            result['bf16_buffers'] = {n: b.clone() for n, b in runner.strategy._buffers()}
+            result['bf16_pieces'] = {
+                n: p.detach().clone() for n, (p, *_) in runner.strategy._pieces().items()
+            }
         if 'resume' in checks:
             ckpt = osp.join(work, f'{name}_fsdp', 'iter_2.pth')
             _, result['resumed'], _ = sharded(
                 path, work, f'{name}_resumed', blocks, test=False, resume=True, load_from=ckpt
             )
         out[name] = result
+    out['reference'] = {
+        'swin': one_process_reference('swin', ('FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD')),
+        'depth': one_process_reference('depth', ('FULL_SHARD',)),
+    }
     out['repopt'] = {name: repopt(name) for name in REPOPT_OPTIMIZERS}
     path = named[0].split('=')[1]
     try:  # one unit per Linear: inside the foldable blocks

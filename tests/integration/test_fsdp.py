@@ -2,11 +2,13 @@
 
 One launch (tests/integration/fsdp_worker.py) trains a tiny RePa-Swin (BatchNorm FFNs,
 BNRecalibrationHook) and a tiny DepthRepViT (BranchJoinScheduleHook: λ reaches 1 at iteration
-3) for 4 iterations with DDP and with FSDP, tests both folded (ReparameterizeHook), resumes
-the sharded run from its iteration-2 checkpoint, and trains a tiny RepOpt-VGG with RepOptSGD
-and RepOptAdamW sharded and under DDP. The reference is 2-process DDP, not one process: each
-rank's BatchNorm normalises with its own batch's statistics, which one process with the whole
-batch would not.
+3) for 4 iterations with FSDP, tests both folded (ReparameterizeHook), trains the DepthRepViT
+with DDP too, resumes the sharded RePa-Swin from its iteration-2 checkpoint and trains it in
+bfloat16 mixed precision, trains a tiny RePa-Swin with LayerNorms under every sharding
+strategy and in one process, and trains a tiny RepOpt-VGG with RepOptSGD and RepOptAdamW
+sharded and under DDP. One process is the reference where it computes the same thing (no
+BatchNorm); with BatchNorms each rank normalises with its own batch's statistics, which one
+process with the whole batch would not, and 2-process DDP is the reference.
 """
 
 import glob
@@ -28,14 +30,14 @@ from tests.helpers import (
     tiny_classifier_config,
     write_images,
 )
+from tests.integration.config_checks import TINY_ARCHS
 
-DEPTH_TINY = dict(embed_dims=16, num_layers=12, num_heads=2)
 # config, tiny arch, the FSDP unit, what else the worker checks
 MODELS = {
-    'swin': ('repa_swin/repa_swin_t_32xb128_in1k.py', TINY_ARCH, 'RePaSwinBlock', 'resume'),
+    'swin': ('repa_swin/repa_swin_t_32xb128_in1k.py', TINY_ARCH, 'RePaSwinBlock', 'resume,bf16'),
     'depth': (
         'depth_rep_vit/depthrep_vit_tiny_d6_8xb128_pretrain_in1k.py',
-        DEPTH_TINY,
+        TINY_ARCHS['DepthRepViT'],
         'JoinedBlock',
         'ddp',
     ),
@@ -122,6 +124,64 @@ def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
         assert torch.equal(v, r1['fsdp'][k]), k
     counts = {int(v) for k, v in r0['fsdp'].items() if k.endswith('num_batches_tracked')}
     assert counts == {2}  # one batch per rank, averaged
+
+
+@pytest.mark.parametrize(
+    'backbone, mode',
+    [
+        ('swin', 'FULL_SHARD'),
+        ('swin', 'SHARD_GRAD_OP'),
+        ('swin', 'NO_SHARD'),
+        ('depth', 'FULL_SHARD'),
+    ],
+)
+def test_sharded_training_equals_one_process(launch, backbone, mode):
+    """RePa-Swin with LayerNorms and DepthRepViT (LayerNorms only) in float64: each rank's half
+    of every batch under FSDP gives what one process gives on the whole batches (the mean of
+    the ranks' gradients is the whole batch's); only the order of the sums differs."""
+    single = launch[2][0]['reference'][backbone]['single']
+    for rank in (0, 1):
+        sharded = launch[2][rank]['reference'][backbone][mode]
+        assert sharded.keys() == single.keys()
+        for k, v in single.items():
+            assert v.dtype == torch.float64 and torch.allclose(
+                sharded[k], v, rtol=1e-10, atol=1e-12
+            ), (rank, k, (sharded[k] - v).abs().max())
+
+
+def test_bf16_mixed_precision(launch):
+    """RePa-Swin (BatchNorm FFNs) trained sharded in bfloat16 (configs/_base_/runtime/
+    fsdp_bf16.py): the BatchNorm statistics stay float32 and equal on the ranks, the folded
+    test reads the float32 weights, and training stays close to the float32 sharded run."""
+    r0, r1 = launch[2][0]['swin'], launch[2][1]['swin']
+    stats = {k: v for k, v in r0['bf16_buffers'].items() if v.is_floating_point()}
+    assert any(k.endswith('running_var') for k in stats)
+    assert {v.dtype for v in stats.values()} == {torch.float32}
+    assert all(torch.equal(v, r1['bf16_buffers'][k]) for k, v in r0['bf16_buffers'].items())
+    # the gathered copy the hook folded and tested is the optimizer's float32 pieces, joined
+    full = r0['bf16']
+    for k, piece in r0['bf16_pieces'].items():
+        joined = torch.cat([piece.reshape(-1), r1['bf16_pieces'][k].reshape(-1)])
+        assert piece.dtype == full[k].dtype == torch.float32, k
+        assert torch.equal(full[k].reshape(-1), joined), k
+    assert 'accuracy/top1' in r0['bf16_metrics']
+    # bfloat16 keeps 8 significant bits: each rounding is off by at most u = 2^-8. The first
+    # iteration runs the same weights, so its loss differs by the forward's roundings only
+    # (2u); the later ones also carry the earlier steps' differences (4u)
+    u = 2.0**-8
+    f32, bf16 = r0['fsdp_losses'], r0['bf16_losses']
+    assert len(f32) == len(bf16) == 4
+    assert bf16[0] == pytest.approx(f32[0], rel=2 * u)
+    assert bf16 == pytest.approx(f32, rel=4 * u)
+    # AdamW steps every weight by about lr whatever the size of its gradient, so a weight
+    # whose gradient is below the rounding noise steps at random: the updates agree as a
+    # whole (0.37 measured), not weight by weight
+    init, num, den = r0['init'], 0.0, 0.0
+    for k, v in r0['fsdp'].items():
+        if v.is_floating_point() and k in r0['bf16_pieces']:
+            step32, step16 = v.double() - init[k].double(), full[k].double() - init[k].double()
+            num, den = num + float(((step16 - step32) ** 2).sum()), den + float((step32**2).sum())
+    assert den > 0 and (num / den) ** 0.5 < 0.5
 
 
 @pytest.mark.parametrize('optimizer', ['sgd', 'adamw'])

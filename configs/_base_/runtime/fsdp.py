@@ -2,9 +2,8 @@
 # rank holds 1/N of the parameters, gradients and optimizer state. A config that inherits this
 # sets the FSDP unit, its outermost foldable block (a unit never splits one: refused):
 #   strategy = dict(model_wrapper=dict(auto_wrap_policy=dict(block_types=['RePaSwinBlock'])))
-# Mixed precision (FSDP's own; the optimizer keeps float32 weights): on GPUs with bfloat16
-#   strategy = dict(model_wrapper=dict(mixed_precision=dict(
-#       param_dtype='bfloat16', reduce_dtype='float32', buffer_dtype='float32')))
+# Mixed precision (FSDP's own, bfloat16; the optimizer keeps float32 weights): inherit
+# ./fsdp_bf16.py instead of this file.
 # Activation checkpointing: the backbone's with_cp (BatchNorm statistics kept right), not
 # FSDP's activation_checkpointing. LAMB / LARS and clip_grad by norm need whole tensors and
 # are refused: use AdamW. RepOptSGD / RepOptAdamW (and their CSLA clipping) work sharded.
