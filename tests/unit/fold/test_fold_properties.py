@@ -26,13 +26,24 @@ def assert_fold_exact(model, size, dtype, seed):
     with torch.no_grad():
         ref = model(x)
         out = reparameterize(copy.deepcopy(model))(x)
-        # in float32, a tiny model (2 channels, linear attention) can round far more than 1e-4
-        # by itself: the fold may then err as much as the unfolded model does against float64
-        exact = copy.deepcopy(model).double()(x.double()) if dtype != torch.float64 else ref
+        if dtype == torch.float64:
+            exact, rounding = ref, 0.0
+        else:
+            # in float32 each form rounds by itself: a tiny model (2 channels, linear attention)
+            # far more than 1e-4, and the folded form more where a fold makes large biases that
+            # cancel (BatchNorm means through an all-linear FFN: ~25 against outputs of ~1).
+            # Bound: both forms' own errors against float64, the folded form's taken as the
+            # float64 fold rounded once to float32 (what a float32 fold must give)
+            exact = copy.deepcopy(model).double()(x.double())
+            rounded = reparameterize(copy.deepcopy(model).double()).float()(x)
+            rounding = _max_err(rounded, exact) + _max_err(ref, exact)
     scale = max(r.abs().max().item() for r in ref)
-    err = max((r - o).abs().max().item() for r, o in zip(ref, out))
-    own = max((r.double() - e).abs().max().item() for r, e in zip(ref, exact))
-    assert err <= max(TOLERANCE[dtype] * scale, 2 * own), (err, own, scale)
+    err = _max_err(out, ref)
+    assert err <= max(TOLERANCE[dtype] * scale, 2 * rounding), (err, rounding, scale)
+
+
+def _max_err(outs, refs) -> float:
+    return max((o.double() - r.double()).abs().max().item() for o, r in zip(outs, refs))
 
 
 @settings(max_examples=12, deadline=None)
