@@ -37,12 +37,10 @@ format: install-tests
 	$(PYTHON) -m ruff check --fix .
 	$(PYTHON) -m ruff format .
 
-# the tiers run one after the other: a worker that ran the integration tier (OpenVINO, process
-# groups, tools in process) and then unit tests crashed near the end of a single run and left
-# the run hanging; each tier alone passes
+# both tiers in one run: a worker that finishes its integration files takes unit files while
+# the other is still busy (the integration files go first, longest first: tests/conftest.py)
 test: lint
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/integration -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: lint
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

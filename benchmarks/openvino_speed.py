@@ -64,10 +64,13 @@ def op_profile(path: str, x: np.ndarray, threads: int, runs: int = 5) -> dict:
     performance counters, on the model at ``path`` compiled separately for this."""
     import openvino as ov
 
+    from mmrepa.integrations.openvino import signal_stack_kept
+
     config = {'INFERENCE_PRECISION_HINT': 'f32', 'PERF_COUNT': True}
     if threads:
         config['INFERENCE_NUM_THREADS'] = threads
-    request = ov.Core().compile_model(path, 'CPU', config).create_infer_request()
+    with signal_stack_kept():
+        request = ov.Core().compile_model(path, 'CPU', config).create_infer_request()
     request.infer([x])  # warm-up
     times, kernels = collections.Counter(), collections.defaultdict(collections.Counter)
     for _ in range(runs):

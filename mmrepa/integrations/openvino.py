@@ -12,9 +12,12 @@
   accuracy control when a largest metric drop is given.
 """
 
+import contextlib
+import ctypes
 import os
 import os.path as osp
 import shutil
+import sys
 import tempfile
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
@@ -27,6 +30,37 @@ from .quantize import check_inputs_shape
 
 def _ov():
     return imported('openvino', __name__)
+
+
+class _SignalStack(ctypes.Structure):
+    _fields_ = [
+        ('ss_sp', ctypes.c_void_p),
+        ('ss_flags', ctypes.c_int),
+        ('ss_size', ctypes.c_size_t),
+    ]
+
+
+@contextlib.contextmanager
+def signal_stack_kept():
+    """Inside, OpenVINO may be loaded and compile; after, the thread's alternate signal stack
+    is the one it had before.
+
+    Each ``openvino.Core``'s CPU plug-in (2026.4) sets the thread it is loaded on to a signal
+    stack of its own and, when unloaded, sets the one it found back, freeing its own. Two
+    plug-ins unloaded in the order they were loaded leave the thread on freed memory, and the
+    next signal Python handles there (Ctrl-C, a child's exit once torch's DataLoader has set
+    its SIGCHLD handler) ends the process with SIGSEGV. With the stack put back here, a
+    plug-in never finds its own current when unloaded: it only frees it."""
+    libc = ctypes.CDLL(None) if sys.platform != 'win32' else None
+    if libc is None or not hasattr(libc, 'sigaltstack'):
+        yield
+        return
+    before = _SignalStack()
+    libc.sigaltstack(None, ctypes.byref(before))
+    try:
+        yield
+    finally:
+        libc.sigaltstack(ctypes.byref(before), None)
 
 
 def save_ir(model, xml_path: str) -> None:
@@ -64,7 +98,8 @@ def compile_model(model, threads: int = 0):
     config = {'INFERENCE_PRECISION_HINT': 'f32', 'PERFORMANCE_HINT': 'LATENCY'}
     if threads:
         config['INFERENCE_NUM_THREADS'] = threads
-    return ov.Core().compile_model(model, 'CPU', config)
+    with signal_stack_kept():
+        return ov.Core().compile_model(model, 'CPU', config)
 
 
 class _Input:
@@ -134,18 +169,19 @@ def quantize_nncf(
         fast_bias_correction=fast_bias_correction,
         target_device=nncf.TargetDevice.CPU,
     )
-    if validation is None:
-        return nncf.quantize(model, calibration, **options)
-    items, to_input, metric_fn, max_drop = validation
-    return nncf.quantize_with_accuracy_control(
-        model,
-        calibration,
-        nncf.Dataset(list(items), to_input),
-        metric_fn,
-        max_drop=max_drop,
-        drop_type=nncf.DropType.ABSOLUTE,
-        **options,
-    )
+    with signal_stack_kept():  # NNCF compiles models of its own
+        if validation is None:
+            return nncf.quantize(model, calibration, **options)
+        items, to_input, metric_fn, max_drop = validation
+        return nncf.quantize_with_accuracy_control(
+            model,
+            calibration,
+            nncf.Dataset(list(items), to_input),
+            metric_fn,
+            max_drop=max_drop,
+            drop_type=nncf.DropType.ABSOLUTE,
+            **options,
+        )
 
 
 def op_counts(model) -> dict:

@@ -5,6 +5,7 @@ import copy
 import importlib.util
 import os
 import os.path as osp
+import subprocess
 import sys
 
 import numpy as np
@@ -18,6 +19,7 @@ from mmrepa.integrations.onnx import export_onnx
 from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import (
     DEMO,
+    ROOT,
     TINY_ARCH,
     parse_options,
     randomize_,
@@ -246,6 +248,37 @@ needs_openvino = pytest.mark.skipif(
     importlib.util.find_spec('openvino') is None or importlib.util.find_spec('nncf') is None,
     reason='needs openvino and nncf (.[openvino])',
 )
+
+
+# two compiled models, freed in the order they were made, then a signal with a Python handler
+SIGNAL_AFTER_TWO_PLUGINS = """
+import signal, subprocess
+import numpy as np, openvino as ov
+from openvino import opset13 as ops
+from mmrepa.integrations.openvino import compile_model
+x = ops.parameter([1, 4], np.float32)
+first, second = (compile_model(ov.Model([ops.relu(x)], [x])) for _ in range(2))
+del first, second
+signal.signal(signal.SIGCHLD, lambda *args: None)  # as torch's DataLoader sets it
+subprocess.run(['true'])
+print('alive')
+"""
+
+
+@needs_openvino
+def test_freed_openvino_models_leave_signal_handling_working():
+    """OpenVINO's CPU plug-in sets the thread's alternate signal stack to its own when loaded
+    and back when unloaded: two unloaded in the order they were loaded left the thread on
+    freed memory, and the next handled signal killed the process (a test worker, after
+    tools/quantize.py's float32 and INT8 sessions and a DataLoader's SIGCHLD handler)."""
+    proc = subprocess.run(
+        [sys.executable, '-c', SIGNAL_AFTER_TWO_PLUGINS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == 'alive', (proc.returncode, proc.stderr)
 
 
 @needs_openvino
