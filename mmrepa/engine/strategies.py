@@ -335,7 +335,7 @@ class FoldableFSDPStrategy(FSDPStrategy):
     _model_cfg: Optional[dict] = None
 
 
-_FULL = (None, torch.float32, torch.float64, 'float32', 'float64')
+_FULL = (None, torch.float32, torch.float64, 'float32', 'float64', 'float', 'double')
 
 
 def mixed_precision_for(model: nn.Module, mixed_precision: dict) -> dict:
@@ -380,24 +380,27 @@ class Float32AffineBatchNorm:
     low-precision weights with float32 statistics."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, stats = self.weight, self.running_mean
-        if w is None or stats is None or w.dtype == stats.dtype:
+        w = self.weight
+        if w is None or w.dtype in (torch.float32, torch.float64):
             return super().forward(x)
-        # _BatchNorm.forward's bookkeeping with the weights cast (it reads self.weight, which
-        # FSDP sets to the low-precision view during the forward pass)
+        # _BatchNorm.forward, branch for branch, with the weights cast (it reads self.weight,
+        # which FSDP sets to the low-precision view during the forward pass)
         self._check_input_dim(x)
         factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.num_batches_tracked is not None:
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # a cumulative average
                 factor = 1.0 / float(self.num_batches_tracked)
+        batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        kept = not self.training or self.track_running_stats  # else the buffers stay as they are
+        full = torch.float32 if self.running_mean is None else self.running_mean.dtype
         return F.batch_norm(
             x,
-            stats,
-            self.running_var,
-            w.to(stats.dtype),
-            self.bias.to(stats.dtype),
-            self.training,
+            self.running_mean if kept else None,
+            self.running_var if kept else None,
+            w.to(full),
+            self.bias.to(full),
+            batch_stats,
             factor,
             self.eps,
         )

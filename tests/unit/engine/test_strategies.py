@@ -106,3 +106,26 @@ def test_prepbn_under_bf16_weights_keeps_lambda_and_statistics_float32():
     bn = bn * layer.repbn.bn.weight.double() + layer.repbn.bn.bias.double()
     ref = 0.3 * ln + 0.7 * (bn + layer.repbn.eta.double() * t)
     assert torch.allclose(y.double().reshape(-1, 8), ref, rtol=2**-6, atol=2**-6)
+
+
+@pytest.mark.parametrize('built_untracked', [False, True])
+def test_batchnorm_without_tracked_statistics_normalises_by_the_batch(built_untracked):
+    """Built with track_running_stats=False (no buffers), or switched off later (buffers kept):
+    the batch's statistics, float32 weights, and buffers left as they were, as torch does."""
+    g = torch.Generator().manual_seed(1)
+    bn = nn.BatchNorm1d(6, track_running_stats=not built_untracked)
+    with torch.no_grad():
+        bn.weight.copy_(torch.randn(6, generator=g))
+        bn.bias.copy_(torch.randn(6, generator=g))
+    bn.track_running_stats = False
+    before = {k: v.clone() for k, v in bn.state_dict().items()}
+    mixed_precision_for(nn.Sequential(bn), BF16)
+    bn.weight.data, bn.bias.data = bn.weight.data.bfloat16(), bn.bias.data.bfloat16()
+    x = (torch.randn(64, 6, generator=g) * 3 + 1).bfloat16()
+    y = bn(x)
+    m, v = x.double().mean(0), x.double().var(0, unbiased=False)
+    ref = (x.double() - m) / torch.sqrt(v + bn.eps) * bn.weight.double() + bn.bias.double()
+    assert torch.allclose(y.double(), ref, rtol=2**-8, atol=2**-8)
+    after = bn.state_dict()
+    assert all(torch.equal(after[k].float(), before[k].float()) for k in before if 'running' in k)
+    assert all(torch.equal(after[k], before[k]) for k in before if 'num_batches' in k)
