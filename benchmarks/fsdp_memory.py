@@ -26,7 +26,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 GIB = 2.0**30
 # float32 tensors of a parameter's size an optimizer keeps per parameter: (count, the option
-# that adds one more and its class's default when the config leaves it out)
+# that adds one more; its class's default, read from the class, applies when the config
+# leaves it out)
 STATE_PER_PARAMETER = {
     'SGD': (0, 'momentum'),
     'RepOptSGD': (0, 'momentum'),

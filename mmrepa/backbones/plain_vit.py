@@ -173,8 +173,9 @@ class PlainViT(DenseBackbone):
         mix = self.mix_token and self.training  # MixToken is for training only
         box = draw_token_box(hw_shape, self.mix_token_beta) if mix else None
         if box is not None:
-            # LV-ViT mixes before the position embedding: the same here, as a swap moves tokens
-            # between images, not places (and dropout's masks are drawn alike everywhere)
+            # LV-ViT swaps before the position embedding, here after it (and its dropout): the
+            # same tokens, as a swap moves tokens between images, not places; the dropout masks
+            # differ only as draws of the same distribution
             x = swap_token_box(x, box, self.num_extra_tokens)
         outs = []
         for i, block in enumerate(self.stages):

@@ -91,7 +91,7 @@ class TokenLabelCropFlip(RandomResizedCrop):
     pack it with ``PackInputs(algorithm_keys=('gt_token_label',))`` for
     :class:`~mmrepa.heads.TokenLabelClsHead`. The map is taken to span the whole image, as in
     the release. Transforms after this one that move pixels (RandAugment's rotations, shears
-    and translations) do not move the labels: LV-ViT's release moves them too.
+    and translations) do not move the labels (LV-ViT's release moves them with the image).
 
     Args:
         scale (int | tuple): The output image size, as ``RandomResizedCrop``.
