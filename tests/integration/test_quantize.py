@@ -320,7 +320,10 @@ def test_openvino_nncf_int8_with_accuracy_control(trained, tmp_path):
     assert 'SQNR of INT8 against float32' in log
     import openvino as ov
 
-    compiled = ov.Core().compile_model(str(out), 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
+    from mmrepa.integrations.openvino import signal_stack_kept
+
+    with signal_stack_kept():  # this worker goes on to handle signals (see the test above)
+        compiled = ov.Core().compile_model(str(out), 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
     cfg = load_config(DEMO, parse_options(options))
     model = reparameterize(init_model(cfg, ckpt))
     # a test image the tool did not measure on (seed), as the model sees it
