@@ -97,7 +97,7 @@ def test_mixtoken_mixes_the_class_target_by_the_box_area_and_leaves_token_labels
     """A box of 2 of the 6 tokens: the class target is 4/6 of the image's label and 2/6 of the
     flipped batch's, smoothed after mixing (LabelSmoothLoss, as the configs); the token labels
     are each token's own."""
-    smooth = dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original')
+    smooth = dict(type='mmpretrain.LabelSmoothLoss', label_smooth_val=0.1, mode='original')
     head = _head(loss=smooth).double()
     tokens = _tokens()[0]
     box = TokenBox(top=1, bottom=2, left=0, right=2, grid=(H, W))
