@@ -44,6 +44,7 @@ def random_checkpoint(config, path, meta=None, tune=None):
     """``config``'s model with its own initialisation and every BatchNorm's statistics and
     affine moved off the defaults (folding then has something to fold), saved to ``path``
     with ``meta`` as the runner would (``None``: a checkpoint without meta)."""
+    torch.manual_seed(0)  # init_weights draws from it: the same weights whatever ran before
     model = init_model(config)
     model.init_weights()
     g = torch.Generator().manual_seed(0)
