@@ -7,6 +7,7 @@ import copy
 import importlib
 import os.path as osp
 import warnings
+from collections import OrderedDict
 from typing import Optional, Union
 
 import numpy as np
@@ -27,12 +28,44 @@ from .integrations.cli.config_checks import (
 )
 
 
-def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
+class TextOnceConfig(Config):
+    """mmengine's ``Config`` whose ``pretty_text`` (the config as Python, formatted by yapf) is
+    formatted once per content. A Runner asks for it up to five times per run (the log, the
+    dumped config, the visualizer's copy, the run's meta, every checkpoint's meta), and each
+    formatting of a detector's config takes 0.3-1 s of a CPU core: most of a short run's start.
+    Same content, same text: the texts are kept by content (the dictionary's repr), a few at a
+    time. ``copy.deepcopy`` (which the Runner makes) keeps the class."""
+
+    _texts: 'OrderedDict[str, str]' = OrderedDict()
+    _KEEP = 8
+
+    @classmethod
+    def of(cls, cfg: Config) -> 'TextOnceConfig':
+        """``cfg`` as this class (sharing its contents; ``Config.fromfile`` builds the base
+        class whatever class it is called on)."""
+        once = cls.__new__(cls)
+        once.__dict__.update(cfg.__dict__)  # as Config.__copy__ does
+        return once
+
+    @property
+    def pretty_text(self) -> str:
+        key = f'{self._format_python_code}{self._cfg_dict!r}'
+        text = self._texts.get(key)
+        if text is None:
+            text = super().pretty_text
+            self._texts[key] = text
+            while len(self._texts) > self._KEEP:
+                self._texts.popitem(last=False)
+        return text
+
+
+def load_config(config: str, cfg_options: Optional[dict] = None) -> TextOnceConfig:
     """``Config.fromfile`` + ``--cfg-options`` + the checks of
     :mod:`mmrepa.integrations.cli.config_checks` that need no build: mmrepa in
     ``custom_imports`` if its types are used, a classifier's neck fits its backbone, every model
-    type registered (else "did you mean")."""
-    cfg = Config.fromfile(config)
+    type registered (else "did you mean"). The config formats its text once
+    (:class:`TextOnceConfig`)."""
+    cfg = TextOnceConfig.of(Config.fromfile(config))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_custom_imports(cfg)

@@ -23,7 +23,7 @@ from mmengine.config import Config
 from PIL import Image
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmrepa.apis import build_model
+from mmrepa.apis import build_model, load_config
 from mmrepa.backbones import RepOptVGG
 from mmrepa.backbones.repopt_vgg.blocks import _random_kernel
 
@@ -159,7 +159,7 @@ def shapes_cfg_options(data: str) -> list:
 
 
 def demo_cfg(data_root, work_dir, **overrides):
-    cfg = Config.fromfile(DEMO)
+    cfg = load_config(DEMO)
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = data_root
         cfg[loader].num_workers = 0

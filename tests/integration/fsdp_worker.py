@@ -35,7 +35,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.nn.parallel import DistributedDataParallel
 
 import mmrepa  # noqa: F401
-from mmrepa.apis import build_model
+from mmrepa.apis import build_model, load_config
 from mmrepa.backbones import DepthRepViT, RePaSwin, RepOptVGG
 from mmrepa.engine.strategies import FoldableFSDPStrategy, init_cpu_process_group
 from mmrepa.errors import ConfigError
@@ -57,7 +57,7 @@ REPOPT_OPTIMIZERS = dict(
 
 
 def config(path, work, name, **changes):
-    cfg = Config.fromfile(path)
+    cfg = load_config(path)
     cfg.merge_from_dict(dict(work_dir=osp.join(work, name), experiment_name=name, **changes))
     cfg.launcher = 'pytorch'
     return cfg

@@ -76,6 +76,8 @@ def joined_classifier(tmp_path_factory):
     reaching 1 at iteration 2), trained by mmengine's Runner: (config, checkpoint)."""
     from mmengine.runner import Runner
 
+    from mmrepa.apis import load_config
+
     tmp = tmp_path_factory.mktemp('depthrep')
     config = tiny_classifier_config(
         'depth_rep_vit/depthrep_vit_tiny_d6_8xb128_join_in1k.py',
@@ -88,7 +90,7 @@ def joined_classifier(tmp_path_factory):
             "load_from = None\ncustom_hooks = [dict(type='BranchJoinScheduleHook', "
             'begin_iter=0, end_iter=2)]\n'
         )
-    cfg = Config.fromfile(config)
+    cfg = load_config(config)
     cfg.work_dir = str(tmp / 'work')
     runner = Runner.from_cfg(cfg)
     runner.train()

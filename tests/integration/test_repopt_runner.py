@@ -6,10 +6,10 @@ import os.path as osp
 
 import pytest
 import torch
-from mmengine.config import Config
 from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401
+from mmrepa.apis import load_config
 from mmrepa.backbones.repopt_vgg.blocks import _random_kernel
 from tests.helpers import ROOT, random_scales, write_images
 
@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
 def config(setup, work_dir, iters=4, **extra):
     """The demo's target config, tiny, deterministic (no shuffling or random transforms)."""
     tmp, data, scales = setup
-    cfg = Config.fromfile(DEMO)
+    cfg = load_config(DEMO)
     steps = [
         dict(type='LoadImageFromFile'),
         dict(type='Resize', scale=(24, 24)),

@@ -1,10 +1,13 @@
+import copy
 import os
 import os.path as osp
+from collections import OrderedDict
 
 import pytest
 from mmengine.config import Config
+from mmengine.config import config as mmengine_config
 
-from mmrepa.apis import load_config
+from mmrepa.apis import TextOnceConfig, load_config
 from mmrepa.integrations.cli.args import tool_argument_parser, tool_config
 from mmrepa.integrations.cli.config_checks import check_custom_imports
 from tests.helpers import ROOT, fresh_mmengine_instances
@@ -112,3 +115,24 @@ def test_what_a_failing_build_logs_is_not_printed_and_a_good_builds_is_after_it(
         cfg.model.head.num_classes = 3
         build_model(cfg)
     assert 'Because batch augmentations are enabled' in stream.getvalue()
+
+
+def test_a_loaded_config_formats_its_text_once_per_content(monkeypatch):
+    """A Runner deep-copies the config and asks for its text up to five times: yapf runs once,
+    again only when the contents change, and the text is mmengine's (a plain Config of the
+    same file is the reference)."""
+    path = osp.join(ROOT, 'configs', 'demo', 'retinanet_repa_swin_shapes.py')
+    calls = []
+    format_code = mmengine_config.FormatCode
+    monkeypatch.setattr(
+        mmengine_config, 'FormatCode', lambda *a, **k: calls.append(1) or format_code(*a, **k)
+    )
+    monkeypatch.setattr(TextOnceConfig, '_texts', OrderedDict())  # none kept from earlier tests
+    cfg = copy.deepcopy(load_config(path))
+    texts = [cfg.pretty_text for _ in range(3)]
+    assert len(calls) == 1
+    assert texts == [Config.fromfile(path).pretty_text] * 3 and len(calls) == 2
+    cfg.model.backbone.depths = (1, 1, 1, 1)
+    reference = Config.fromfile(path)
+    reference.model.backbone.depths = (1, 1, 1, 1)
+    assert cfg.pretty_text == reference.pretty_text != texts[0] and len(calls) == 4
