@@ -22,6 +22,7 @@ from torchvision.ops import roi_align
 from ..checkpoint import read_restricted
 from ..errors import ConfigError, InputError
 from ..heads.token_label_head import TOKEN_LABEL_KEY
+from .token_label_augment import TokenLabelRandAugment  # noqa: F401 (registers the ops with this import)
 
 LABEL_LAYOUT = (
     "(2, k, h, w): the top-k class scores and their class indices on a grid (LV-ViT's "
