@@ -48,8 +48,8 @@ auto_scale_lr = dict(base_batch_size=1024)
 # Token labelling with LV-ViT's label files (its README, "Label data": NFNet-F6's top-5 maps,
 # <class folder>/<image name>.pt per training image): uncomment, with label_root their folder.
 # TokenLabelCropFlip replaces RandomResizedCrop + RandomFlip and crops / flips the labels with
-# the image; PackInputs hands them to the head. RandAugment's rotations, shears and translations
-# do not move the labels (LV-ViT's release moves them): see README.md.
+# the image; TokenLabelRandAugment (RandAugment's arguments) rotates, shears and translates them
+# with the image too, as LV-ViT's release; PackInputs hands them to the head. See README.md.
 # custom_imports = dict(
 #     imports=['mmrepa', 'mmrepa.heads', 'mmrepa.datasets.token_label'],
 #     allow_failed_imports=False,
@@ -67,7 +67,7 @@ auto_scale_lr = dict(base_batch_size=1024)
 #         interpolation='bicubic',
 #     ),
 #     dict(
-#         type='RandAugment',
+#         type='TokenLabelRandAugment',
 #         policies='timm_increasing',
 #         num_policies=2,
 #         total_level=10,

@@ -14,6 +14,7 @@ __all__ = [
     'make_shapes_ade20k',
     'ShapesADE20KDataset',
     'TokenLabelCropFlip',
+    'TokenLabelRandAugment',
 ]
 
 
@@ -27,4 +28,8 @@ def __getattr__(name):
         from .token_label import TokenLabelCropFlip
 
         return TokenLabelCropFlip
+    if name == 'TokenLabelRandAugment':
+        from .token_label_augment import TokenLabelRandAugment
+
+        return TokenLabelRandAugment
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -5,7 +5,9 @@ LV-ViT's release (``generate_label.py``) stores per image the top-k class scores
 indices on a grid over the image, ``torch.save`` of a (2, k, h, w) tensor in
 ``<label_root>/<class folder>/<image name>.pt``. Its data pipeline records the random crop box
 and flip and applies them to the map with ``roi_align``, then takes a softmax over the classes
-(``tlt/data/mixup.py``): :class:`TokenLabelCropFlip` does the same per image.
+(``tlt/data/mixup.py``): :class:`TokenLabelCropFlip` does the same per image. RandAugment's
+rotations, shears and translations move the map with the image in the release too: the ops of
+:mod:`mmrepa.datasets.token_label_augment` (registered by importing this module).
 """
 
 import os.path as osp
@@ -22,6 +24,7 @@ from torchvision.ops import roi_align
 from ..checkpoint import read_restricted
 from ..errors import ConfigError, InputError
 from ..heads.token_label_head import TOKEN_LABEL_KEY
+from .token_label_augment import TokenLabelRandAugment  # noqa: F401 (registers the ops with this import)
 
 LABEL_LAYOUT = (
     "(2, k, h, w): the top-k class scores and their class indices on a grid (LV-ViT's "
@@ -90,8 +93,10 @@ class TokenLabelCropFlip(RandomResizedCrop):
     image. It goes to ``results['gt_token_label']`` as a (num_classes, h, w) float32 tensor:
     pack it with ``PackInputs(algorithm_keys=('gt_token_label',))`` for
     :class:`~mmrepa.heads.TokenLabelClsHead`. The map is taken to span the whole image, as in
-    the release. Transforms after this one that move pixels (RandAugment's rotations, shears
-    and translations) do not move the labels (LV-ViT's release moves them with the image).
+    the release. Transforms after this one that move pixels must move the map too:
+    :class:`~mmrepa.datasets.token_label_augment.TokenLabelRandAugment` in place of
+    mmpretrain's ``RandAugment`` rotates, shears and translates it with the image, as the
+    release does.
 
     Args:
         scale (int | tuple): The output image size, as ``RandomResizedCrop``.
