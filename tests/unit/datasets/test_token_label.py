@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from mmcv.transforms.utils import cache_random_params
+from mmengine.registry import DefaultScope
 from mmpretrain.datasets.transforms import RandAugment, Rotate, Shear, Translate
 
 from mmrepa.datasets.token_label import TokenLabelCropFlip, crop_label_map
@@ -21,6 +22,14 @@ from mmrepa.datasets.token_label_augment import (
     TokenLabelTranslate,
 )
 from mmrepa.errors import CheckpointError, ConfigError, InputError
+
+
+@pytest.fixture(autouse=True)
+def _mmpretrain_scope():
+    """RandAugment builds its operations in the current default scope: mmpretrain's, as in an
+    mmpretrain run (an earlier test in the worker may have left mmdet's)."""
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        yield
 
 
 def _coordinate_map(h, w):
