@@ -212,11 +212,14 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
     ]
 
     def loader(split, steps):
+        # training is by iteration: an InfiniteSampler, since mmengine's iteration loop sleeps
+        # 2 s each time another sampler's epoch ends (every iteration or two here)
+        sampler = 'InfiniteSampler' if split == 'train' else 'DefaultSampler'
         return dict(
             _delete_=True,
             batch_size=4,
             num_workers=0,
-            sampler=dict(type='DefaultSampler', shuffle=split == 'train'),
+            sampler=dict(type=sampler, shuffle=split == 'train'),
             dataset=dict(type='CustomDataset', data_root=data, data_prefix=split, pipeline=steps),
         )
 

@@ -117,13 +117,13 @@ def test_sharded_training_equals_ddp(launch):
 def test_sharded_resume_is_exact_and_bn_recalibration_averages(launch):
     """RePa-Swin (BatchNorm FFNs, BNRecalibrationHook): resumed from the sharded iteration-2
     checkpoint, iterations 3 and 4 give the same bits; the recalibrated statistics (each rank
-    its own batch) end identical on the ranks."""
+    its own two batches) end identical on the ranks."""
     r0, r1 = launch[2][0]['swin'], launch[2][1]['swin']
     for k, v in r0['fsdp'].items():
         assert torch.equal(v, r0['resumed'][k]), k
         assert torch.equal(v, r1['fsdp'][k]), k
     counts = {int(v) for k, v in r0['fsdp'].items() if k.endswith('num_batches_tracked')}
-    assert counts == {2}  # one batch per rank, averaged
+    assert counts == {4}  # num_batches=2 on each rank, summed over the ranks
 
 
 @pytest.mark.parametrize(

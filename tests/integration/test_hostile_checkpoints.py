@@ -1010,7 +1010,8 @@ def _toy_runner(work_dir, max_iters, **kwargs):
             dataset=data,
             batch_size=2,
             num_workers=0,
-            sampler=dict(type='DefaultSampler', shuffle=False),
+            # mmengine's iteration loop sleeps 2 s at the end of another sampler's epoch
+            sampler=dict(type='InfiniteSampler', shuffle=False),
             collate_fn=dict(type='default_collate'),
         ),
         train_cfg=dict(by_epoch=False, max_iters=max_iters),

@@ -41,7 +41,8 @@ def config(setup, work_dir, iters=4, **extra):
         batch_size=4,
         num_workers=0,
         persistent_workers=False,
-        sampler=dict(type='DefaultSampler', shuffle=False),
+        # mmengine's iteration loop sleeps 2 s at the end of another sampler's epoch
+        sampler=dict(type='InfiniteSampler', shuffle=False),
         dataset=dict(type='CustomDataset', data_root=data, data_prefix='train', pipeline=steps),
     )
     cfg.merge_from_dict(

@@ -289,6 +289,7 @@ class JoinedClassifier(nn.Module):
 
 
 def run_runner(work_dir, max_iters, resume=False):
+    from mmengine.dataset import InfiniteSampler
     from mmengine.model import BaseModel
     from mmengine.runner import Runner
     from torch.utils.data import DataLoader
@@ -313,7 +314,8 @@ def run_runner(work_dir, max_iters, resume=False):
     runner = Runner(
         model=Model(),
         work_dir=str(work_dir),
-        train_dataloader=DataLoader(data, batch_size=2, shuffle=False),
+        # mmengine's iteration loop sleeps 2 s at the end of another sampler's epoch
+        train_dataloader=DataLoader(data, batch_size=2, sampler=InfiniteSampler(data, False)),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
         train_cfg=dict(by_epoch=False, max_iters=max_iters),
         default_hooks=dict(
