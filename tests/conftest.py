@@ -53,6 +53,48 @@ def _memoize_external_config_paths():
 _memoize_external_config_paths()
 
 
+def _memoize_config_files():
+    """``Config.fromfile`` parses a config and each of its bases (``mmdet::`` ones included)
+    by executing a copy of each file: ~0.15 s for a demo config, paid again on every load
+    (the hostile-checkpoint tests alone load the demo config 115 times). The parse of a file is
+    kept by its path, size, modification time and the environment, and handed out as a deep
+    copy, so a test that writes or appends to a config gets the new contents. Bases are
+    parsed through the same function, so they are kept too."""
+    import copy
+
+    from mmengine.config import Config
+
+    parse = Config._file2dict
+    if getattr(parse, '_memoized', False):
+        return
+    parsed = {}
+
+    def memoized(
+        filename, use_predefined_variables=True, use_environment_variables=True, lazy_import=None
+    ):
+        stat = os.stat(filename)
+        key = (
+            osp.abspath(filename),
+            stat.st_size,
+            stat.st_mtime_ns,
+            use_predefined_variables,
+            use_environment_variables,
+            lazy_import,
+            frozenset(os.environ.items()),
+        )
+        if key not in parsed:
+            parsed[key] = parse(
+                filename, use_predefined_variables, use_environment_variables, lazy_import
+            )
+        return copy.deepcopy(parsed[key])
+
+    memoized._memoized = True
+    Config._file2dict = staticmethod(memoized)
+
+
+_memoize_config_files()
+
+
 def _no_full_collection_per_dataset():
     """mmengine's ``BaseDataset`` runs ``gc.collect()`` after serializing its annotations (to
     free the list before dataloader workers fork). In a test worker whose heap holds every

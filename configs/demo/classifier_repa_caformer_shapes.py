@@ -38,10 +38,12 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='PackInputs'),
 ]
+# no loader workers: a 48-px image decodes faster than a worker hands it over (on 2 cores an
+# epoch took 9.1-9.5 s with 2 workers, 6.3-7.0 s without)
 train_dataloader = dict(
     batch_size=32,
-    num_workers=2,
-    persistent_workers=True,
+    num_workers=0,
+    persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=True),
     dataset=dict(
         type='CustomDataset', data_root=data_root, data_prefix='train', pipeline=train_pipeline
@@ -49,8 +51,8 @@ train_dataloader = dict(
 )
 val_dataloader = dict(
     batch_size=32,
-    num_workers=2,
-    persistent_workers=True,
+    num_workers=0,
+    persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=False),
     dataset=dict(
         type='CustomDataset', data_root=data_root, data_prefix='val', pipeline=test_pipeline

@@ -10,6 +10,7 @@ legacy formats. A payload that ran would only create a marker file in a temporar
 import argparse
 import ast
 import copy
+import functools
 import io
 import os
 import os.path as osp
@@ -536,7 +537,10 @@ def assert_plain_loads_unchanged(benign):
 # ----------------------------------------------------------------------------- entry points
 
 
+@functools.cache
 def _detector():
+    """One demo detector for the module: loading into it is what the entry point does (a
+    refused file changes nothing; an inert one loads weights the next file replaces)."""
     return init_model(DEMO)
 
 
