@@ -278,10 +278,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def own_test_script(package: str) -> str:
-    """``tools/test.py`` as the package ships it (``<package>/.mim/tools/test.py``)."""
+def own_script(package: str, tool: str = 'test') -> str:
+    """``tools/TOOL.py`` as the package ships it (``<package>/.mim/tools/TOOL.py``), the script
+    ``mim TOOL`` runs."""
     module = __import__(package)
-    script = osp.join(osp.dirname(module.__file__), '.mim', 'tools', 'test.py')
+    script = osp.join(osp.dirname(module.__file__), '.mim', 'tools', f'{tool}.py')
     assert osp.exists(script), script
     return script
 

@@ -1,8 +1,10 @@
-"""mmrepa configs run by the tools users already have: ``mim train`` / ``mim test``, and
-mmdet's and mmseg's own ``tools/test.py`` (shipped in their packages' ``.mim``), with and
-without ReparameterizeHook, on small generated data. The runs with the hook are the users'
-commands (subprocesses); the plain runs they are compared with run the same scripts in this
-process (``run_script_here``), without a subprocess's imports."""
+"""mmrepa configs run by the tools users already have: mmdet's own ``tools/train.py`` (the
+script ``mim train`` runs), ``mim test``, and mmdet's and mmseg's own ``tools/test.py``
+(shipped in their packages' ``.mim``), with and without ReparameterizeHook, on small generated
+data. The runs with the hook are the users' commands (subprocesses); the training and the plain
+runs they are compared with run the same scripts in this process (``run_script_here``), without
+a subprocess's imports (``mim train`` would start three interpreters: mim, the script's
+``--help``, the script)."""
 
 import os.path as osp
 import sys
@@ -13,7 +15,7 @@ from mmrepa.datasets import make_shapes_coco
 from tests.helpers import (
     DEMO,
     ROOT,
-    own_test_script,
+    own_script,
     run,
     run_script_here,
     shapes_cfg_options,
@@ -45,13 +47,12 @@ def shapes(tmp_path_factory):
     return root, options
 
 
-def test_mim_train_and_test_mmdet_with_and_without_reparameterize_hook(shapes):
+def test_mmdet_train_and_mim_test_with_and_without_reparameterize_hook(shapes):
     root, options = shapes
     work = str(root / 'train')
     # one epoch of two iterations, no validation: only the checkpoint is wanted
-    mim(
-        'train',
-        'mmdet',
+    run_script_here(
+        own_script('mmdet', 'train'),
         DEMO,
         '--work-dir',
         work,
@@ -68,7 +69,7 @@ def test_mim_train_and_test_mmdet_with_and_without_reparameterize_hook(shapes):
     # the plain test: the script mim runs (mmdet's own tools/test.py), in this process
     plain = str(root / 'test_plain')
     _, log = run_script_here(
-        own_test_script('mmdet'), DEMO, ckpt, '--work-dir', plain, '--cfg-options', *options
+        own_script('mmdet'), DEMO, ckpt, '--work-dir', plain, '--cfg-options', *options
     )
     assert 'coco/bbox_mAP' in log, log[-4000:]  # the log of this run was captured
     assert 'ReparameterizeHook' not in log
@@ -146,7 +147,7 @@ def test_mmseg_own_test_script_with_and_without_reparameterize_hook(tmp_path):
     model = init_model(UPERNET, cfg_options=SMALL_UPERNET)
     ckpt = str(tmp_path / 'random.pth')
     torch.save(dict(state_dict=model.state_dict(), meta=dict()), ckpt)
-    script = own_test_script('mmseg')
+    script = own_script('mmseg')
 
     results = {}
     for name, config in (

@@ -23,7 +23,7 @@ from tests.helpers import (
     ROOT,
     TINY_ARCH,
     backbone_outputs,
-    own_test_script,
+    own_script,
     run_script_here,
     set_feature_channels,
     tiny_classifier_config,
@@ -187,7 +187,7 @@ def test_tools_take_the_classifier_config(trained_repa_swin, tmp_path):
     deploy = tmp_path / 'deploy.py'
     deploy.write_text(f'_base_ = {config!r}\nmodel = dict(backbone=dict(deploy=True))\n')
     work = str(tmp_path / 'own')
-    run_script_here(own_test_script('mmpretrain'), str(deploy), folded, '--work-dir', work)
+    run_script_here(own_script('mmpretrain'), str(deploy), folded, '--work-dir', work)
     assert written_metrics(work)['accuracy/top1'] == metrics['plain']['accuracy/top1']
 
 
