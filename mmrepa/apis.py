@@ -33,8 +33,8 @@ class TextOnceConfig(Config):
     formatted once per content. A Runner asks for it up to five times per run (the log, the
     dumped config, the visualizer's copy, the run's meta, every checkpoint's meta), and each
     formatting of a detector's config takes 0.3-1 s of a CPU core: most of a short run's start.
-    Same content, same text: the texts are kept by content (the dictionary's repr), a few at a
-    time. ``copy.deepcopy`` (which the Runner makes) keeps the class."""
+    Same content, same text: the texts are kept by content (the repr of ``to_dict()``, what is
+    formatted), a few at a time. ``copy.deepcopy`` (which the Runner makes) keeps the class."""
 
     _texts: 'OrderedDict[str, str]' = OrderedDict()
     _KEEP = 8
@@ -49,7 +49,7 @@ class TextOnceConfig(Config):
 
     @property
     def pretty_text(self) -> str:
-        key = f'{self._format_python_code}{self._cfg_dict!r}'
+        key = f'{self._format_python_code}{self.to_dict()!r}'  # what mmengine formats
         text = self._texts.get(key)
         if text is None:
             text = super().pretty_text

@@ -57,9 +57,10 @@ def _memoize_config_files():
     """``Config.fromfile`` parses a config and each of its bases (``mmdet::`` ones included)
     by executing a copy of each file: ~0.15 s for a demo config, paid again on every load
     (the hostile-checkpoint tests alone load the demo config 115 times). The parse of a file is
-    kept by its path, size, modification time and the environment, and handed out as a deep
-    copy, so a test that writes or appends to a config gets the new contents. Bases are
-    parsed through the same function, so they are kept too."""
+    kept by its path and the environment, with the files it read (itself and its bases, each
+    with its size, times and inode): a parse is used again only while none of them changed, and
+    handed out as a deep copy, so a test that writes or appends to a config or one of its bases
+    gets the new contents."""
     import copy
 
     from mmengine.config import Config
@@ -67,26 +68,30 @@ def _memoize_config_files():
     parse = Config._file2dict
     if getattr(parse, '_memoized', False):
         return
-    parsed = {}
+    parsed = {}  # key -> (the files read with their stamps, the parse)
+    reading = []  # the files of the parses under way, innermost last
+
+    def stamp(path):
+        st = os.stat(path)
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
     def memoized(
         filename, use_predefined_variables=True, use_environment_variables=True, lazy_import=None
     ):
-        stat = os.stat(filename)
-        key = (
-            osp.abspath(filename),
-            stat.st_size,
-            stat.st_mtime_ns,
-            use_predefined_variables,
-            use_environment_variables,
-            lazy_import,
-            frozenset(os.environ.items()),
-        )
-        if key not in parsed:
-            parsed[key] = parse(
-                filename, use_predefined_variables, use_environment_variables, lazy_import
-            )
-        return copy.deepcopy(parsed[key])
+        path = osp.abspath(filename)
+        flags = (use_predefined_variables, use_environment_variables, lazy_import)
+        key = (path, flags, frozenset(os.environ.items()))
+        hit = parsed.get(key)
+        if hit is None or any(stamp(p) != s for p, s in hit[0].items()):
+            files = {path: stamp(path)}
+            reading.append(files)
+            try:
+                hit = parsed[key] = (files, parse(filename, *flags))
+            finally:
+                reading.pop()
+        for outer in reading:  # a config being parsed depends on this base and its bases
+            outer.update(hit[0])
+        return copy.deepcopy(hit[1])
 
     memoized._memoized = True
     Config._file2dict = staticmethod(memoized)

@@ -4,7 +4,10 @@ script ``mim train`` runs), ``mim test``, and mmdet's and mmseg's own ``tools/te
 data. The runs with the hook are the users' commands (subprocesses); the training and the plain
 runs they are compared with run the same scripts in this process (``run_script_here``), without
 a subprocess's imports (``mim train`` would start three interpreters: mim, the script's
-``--help``, the script)."""
+``--help``, the script). So mmdet's train script is not run in a fresh interpreter here (with
+mmrepa not yet imported): ``mim test`` shows that the config's ``custom_imports`` load mmrepa
+there, and mmrepa's own ``tools/train.py`` trains in fresh processes in test_distributed.py and
+the demo's smoke run."""
 
 import os.path as osp
 import sys
