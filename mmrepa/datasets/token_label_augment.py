@@ -129,6 +129,13 @@ def _moving_labels(policy):
     op = policy.get('type') if isinstance(policy, dict) else None
     op = TRANSFORMS.get(op) if isinstance(op, str) else op
     label_op = LABEL_MOVING_OPS.get(op) if isinstance(op, type) else None
+    if label_op is None and isinstance(op, type) and not issubclass(op, _MovesTokenLabel):
+        moved = [base.__name__ for base in LABEL_MOVING_OPS if issubclass(op, base)]
+        if moved:  # another op that moves pixels: its labels would stay behind
+            raise ConfigError(
+                f'policy {op.__name__} is a {moved[0]}, which TokenLabelRandAugment cannot make '
+                f'move the token labels: use {moved[0]} or TokenLabel{moved[0]}'
+            )
     return policy if label_op is None else {**policy, 'type': label_op}
 
 

@@ -298,6 +298,14 @@ def test_the_randaugment_names_the_label_moving_ops():
         TokenLabelRandAugment(policies='timm', num_policies=2, magnitude_level=9)
     assert '\n' not in str(e.value)
 
+    class MyRotate(Rotate):  # a user's own rotation: its labels would not move
+        pass
+
+    with pytest.raises(ConfigError, match='MyRotate is a Rotate.*TokenLabelRotate'):
+        TokenLabelRandAugment(
+            policies=[dict(type=MyRotate, angle=10.0)], num_policies=1, magnitude_level=5
+        )
+
 
 @pytest.mark.parametrize(
     'label, got', [(torch.zeros(7, 9, dtype=torch.long), '(7, 9)'), ([0.5], 'list')]
