@@ -1,7 +1,8 @@
 # make demo  - install what is missing, then train, fold and evaluate one model per task family
 #              (RetinaNet, Mask R-CNN, UperNet, classifier) on generated data; tools/demo.py --help
 # make test  - install what is missing, then run the test suite, both tiers (unit, integration)
-# make test-fast - the unit tier only (tests/unit, mirrors mmrepa/; no Runner training, DDP, export)
+# make test-fast - the unit tier only (tests/unit, mirrors mmrepa/; no Runner training, DDP, export;
+#              its two tests that start 2 processes, marked `processes`, run in make test)
 # make lint  - ruff's checks and its formatter's check (ruff.toml); `make format` rewrites
 # make docs  - install what is missing (with the docs requirements), then build docs/ into
 #              docs/_build/html, strictly (warnings and broken cross-references are errors)
@@ -43,7 +44,7 @@ test: lint
 	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: lint
-	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests/unit -m "not processes" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 docs: install-tests
 	$(PYTHON) -m sphinx -W --keep-going -n -b html docs docs/_build/html

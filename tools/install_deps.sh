@@ -20,9 +20,53 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
 MMCV_VERSION=2.1.0
+MMDEPLOY_VERSION=1.3.1
 CACHE=${MMREPA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmrepa}
 
 log() { printf '[install] %s\n' "$*" >&2; }
+
+# Everything the steps below install, checked in one interpreter (each step's own check starts
+# one: ~20 s in all); prints the versions. Run first (all there: nothing to do) and last.
+check_all() {
+  local reqs="stack" mmdeploy=""
+  if [ "$WITH_TESTS" = "--tests" ]; then
+    reqs="stack tests docs deploy openvino" mmdeploy=$MMDEPLOY_VERSION
+  fi
+  (cd / && "$PY" - "$ROOT" "$TORCH_VERSION" "$TORCHVISION_VERSION" "$MMCV_VERSION" "$mmdeploy" \
+    $reqs <<'EOF'
+import os, sys
+from importlib.metadata import version
+from packaging.requirements import Requirement
+root, torch_v, torchvision_v, mmcv_v, mmdeploy_v, *reqs = sys.argv[1:]
+pins = dict(torch=torch_v, torchvision=torchvision_v, mmcv=mmcv_v, mmdeploy=mmdeploy_v)
+for name, pin in pins.items():
+    if pin and version(name).split('+')[0] != pin:
+        sys.exit(f'{name} {version(name)} is not {pin}')
+for req in reqs:
+    for line in open(f'{root}/requirements/{req}.txt'):
+        line = line.split('#')[0].strip()
+        if line:
+            r = Requirement(line)
+            if not r.specifier.contains(version(r.name), prereleases=True):
+                sys.exit(f'{line}: {version(r.name)} is installed')
+import torch, torchvision
+torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5)
+import mmcv, mmcv.ops
+from mmcv.ops import RoIAlign, nms
+import mmdet, mmengine, mmseg, mmrepa
+if os.path.dirname(os.path.dirname(os.path.abspath(mmrepa.__file__))) != root:
+    sys.exit(f'mmrepa is installed from {mmrepa.__file__}, not {root}')
+print(f'torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, '
+      f'mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmrepa {mmrepa.__version__} '
+      f'({mmrepa.__file__})')
+EOF
+  )
+}
+
+if versions=$(check_all 2>/dev/null); then
+  log "ok: $versions"
+  exit 0
+fi
 pip_install() { "$PY" -m pip install --disable-pip-version-check "$@"; }
 installed() { "$PY" - "$1" "$2" <<'EOF'
 import sys
@@ -71,7 +115,6 @@ done
 #     downgrade protobuf and break onnx); nothing it runs for ONNX Runtime needs that protobuf.
 #     So it is installed without dependencies, and requirements/deploy.txt lists the ones it
 #     imports that the stack lacks.
-MMDEPLOY_VERSION=1.3.1
 if [ "$WITH_TESTS" = "--tests" ]; then
   satisfied "$ROOT/requirements/deploy.txt" || pip_install --quiet -r "$ROOT/requirements/deploy.txt"
   if ! installed mmdeploy "$MMDEPLOY_VERSION"; then
@@ -141,4 +184,5 @@ where=$(cd / && "$PY" -c 'import mmrepa, os; print(os.path.dirname(os.path.dirna
 if [ "$where" != "$ROOT" ]; then
   pip_install --quiet --no-deps --no-build-isolation -e "$ROOT"
 fi
-log "ok: $(cd / && "$PY" -c 'import torch, mmcv, mmengine, mmdet, mmseg, mmrepa; print(f"torch {torch.__version__}, mmcv {mmcv.__version__}, mmengine {mmengine.__version__}, mmdet {mmdet.__version__}, mmseg {mmseg.__version__}, mmrepa {mmrepa.__version__} ({mmrepa.__file__})")')"
+versions=$(check_all) || { log "installed, but the check above still fails"; exit 1; }
+log "ok: $versions"

@@ -69,6 +69,7 @@ def two_ranks(tmp_path_factory):
     }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('split', sorted(SPLITS))
 def test_ranks_end_identical_with_the_statistics_of_all_their_batches(two_ranks, split):
     r0, r1 = two_ranks[split]

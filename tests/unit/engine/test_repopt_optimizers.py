@@ -920,6 +920,7 @@ def _ddp_worker(rank, port, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.processes
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     # spawn, not fork: see test_hooks_bn_recalibration's two_ranks
     mp.start_processes(
