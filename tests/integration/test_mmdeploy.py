@@ -24,7 +24,6 @@ pytest.importorskip('onnxruntime')
 pytest.importorskip('mmdeploy')
 
 import mmrepa  # noqa: E402
-import mmrepa.integrations.mmdeploy  # noqa: E402
 from mmrepa.apis import init_model  # noqa: E402
 from mmrepa.datasets import make_shapes_ade20k, make_shapes_coco  # noqa: E402
 from tests.helpers import (  # noqa: E402
@@ -41,6 +40,13 @@ TOOL = 'tools/deploy.py'
 needs_openvino = pytest.mark.skipif(
     importlib.util.find_spec('openvino') is None, reason='needs openvino (.[openvino])'
 )
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _rewrites():
+    """mmrepa's mmdeploy rewrites, imported when this module's tests run: the import takes
+    ~6 s, which collection would make every test worker pay."""
+    import mmrepa.integrations.mmdeploy  # noqa: F401
 
 
 def random_checkpoint(config, options, path, seed=0):
