@@ -14,90 +14,12 @@ import types
 import pytest
 import torch
 
-from tests.helpers import fresh_mmengine_instances
+from tests.helpers import fresh_mmengine_instances, memoize_config_parsing
 
 TIERS = ('unit', 'integration')
 
 
-def _memoize_external_config_paths():
-    """mmengine resolves a ``mmdet::``/``mmseg::``/... base config by parsing every metafile of
-    the package's model index (thousands of YAML files, ~0.35 s) on every lookup, and a base
-    config (no metafile entry) by catching the ValueError of that lookup. Both outcomes are the
-    same each time within a run (the installed packages do not change): memoized in this
-    process, the ValueError raised again (a new one, same message) for a name not in the index.
-    In-process config loads (~100 in the test_configs_<group>.py files) read each package's
-    index once."""
-    from mmengine.config import config
-
-    lookup = config._get_external_cfg_path
-    if getattr(lookup, '_memoized', False):
-        return
-    outcomes = {}
-
-    def memoized(package_path, cfg_file):
-        key = (package_path, cfg_file)
-        if key not in outcomes:
-            try:
-                outcomes[key] = (True, lookup(package_path, cfg_file))
-            except ValueError as e:
-                outcomes[key] = (False, str(e))
-        ok, value = outcomes[key]
-        if not ok:
-            raise ValueError(value)
-        return value
-
-    memoized._memoized = True
-    config._get_external_cfg_path = memoized
-
-
-_memoize_external_config_paths()
-
-
-def _memoize_config_files():
-    """``Config.fromfile`` parses a config and each of its bases (``mmdet::`` ones included)
-    by executing a copy of each file: ~0.15 s for a demo config, paid again on every load
-    (the hostile-checkpoint tests alone load the demo config 115 times). The parse of a file is
-    kept by its path and the environment, with the files it read (itself and its bases, each
-    with its size, times and inode): a parse is used again only while none of them changed, and
-    handed out as a deep copy, so a test that writes or appends to a config or one of its bases
-    gets the new contents."""
-    import copy
-
-    from mmengine.config import Config
-
-    parse = Config._file2dict
-    if getattr(parse, '_memoized', False):
-        return
-    parsed = {}  # key -> (the files read with their stamps, the parse)
-    reading = []  # the files of the parses under way, innermost last
-
-    def stamp(path):
-        st = os.stat(path)
-        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
-
-    def memoized(
-        filename, use_predefined_variables=True, use_environment_variables=True, lazy_import=None
-    ):
-        path = osp.abspath(filename)
-        flags = (use_predefined_variables, use_environment_variables, lazy_import)
-        key = (path, flags, frozenset(os.environ.items()))
-        hit = parsed.get(key)
-        if hit is None or any(stamp(p) != s for p, s in hit[0].items()):
-            files = {path: stamp(path)}
-            reading.append(files)
-            try:
-                hit = parsed[key] = (files, parse(filename, *flags))
-            finally:
-                reading.pop()
-        for outer in reading:  # a config being parsed depends on this base and its bases
-            outer.update(hit[0])
-        return copy.deepcopy(hit[1])
-
-    memoized._memoized = True
-    Config._file2dict = staticmethod(memoized)
-
-
-_memoize_config_files()
+memoize_config_parsing()
 
 
 def _no_full_collection_per_dataset():

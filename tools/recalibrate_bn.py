@@ -10,8 +10,6 @@ and that OUT.pth is none of the inputs (CHECKPOINT, CONFIG, the data) nor a link
 existing OUT.pth is replaced, atomically (a temporary file beside it, renamed at the end).
 """
 
-from mmengine.runner import Runner
-
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.checkpoint.saving import save_atomically
@@ -19,6 +17,7 @@ from mmrepa.engine import recalibrate_model_bn
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.integrations.cli.runner import build_runner
 
 TOOL = 'tools/recalibrate_bn.py'
 
@@ -54,7 +53,7 @@ def main():
         splits=('train',),
         checkpoints=[('checkpoint to recalibrate', 'CHECKPOINT argument', args.checkpoint)],
     )
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     ckpt = load_checkpoint_file(args.checkpoint)  # restricted and checked, any scheme
     if 'state_dict' not in ckpt:
         raise SystemExit(

@@ -27,8 +27,6 @@ import contextlib
 import os.path as osp
 
 from mmengine.dist import is_main_process
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.checkpoint import load_checkpoint_file
@@ -37,6 +35,7 @@ from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, 
 from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
+from mmrepa.integrations.cli.runner import build_runner
 from mmrepa.utils.files import atomic_folder, atomic_output, write_json
 
 TOOL = 'tools/test.py'
@@ -168,7 +167,7 @@ def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
         test_cfg = cfg.get('test_cfg') or {}
         if test_cfg.get('type', 'TestLoop') == 'TestLoop':  # restores the model on failure too
             cfg.test_cfg = dict(test_cfg, type='FoldedTestLoop')
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner = build_runner(cfg)
     if args.out:  # every rank has the metric; the main process alone writes (a temporary)
         runner.test_evaluator.metrics.append(
             dump_results_metric(

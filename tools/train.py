@@ -7,13 +7,11 @@ Before building anything it checks that the data, the pretrained weights and ``l
 exist, and names every missing path.
 """
 
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
-
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs
+from mmrepa.integrations.cli.runner import build_runner
 
 
 def parse_args():
@@ -65,7 +63,7 @@ def main():
         checkpoints=[(what, 'load_from', cfg.get('load_from'))],
     )
     setup_cpu_distributed(cfg)
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner = build_runner(cfg)
     runner.train()
 
 

@@ -18,6 +18,7 @@ auto-wrap policy that splits a foldable block is tried, and its error message sa
         WORK NAME=CONFIG=BLOCK_TYPES=CHECKS [...]
 """
 
+import gc
 import os
 import os.path as osp
 import sys
@@ -40,7 +41,13 @@ from mmrepa.backbones import DepthRepViT, RePaSwin, RepOptVGG
 from mmrepa.engine.strategies import FoldableFSDPStrategy, init_cpu_process_group
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.distributed import setup_cpu_distributed
-from tests.helpers import REPOPT_VGG_TINY, ROOT, TINY_ARCH, fresh_mmengine_instances
+from tests.helpers import (
+    REPOPT_VGG_TINY,
+    ROOT,
+    TINY_ARCH,
+    fresh_mmengine_instances,
+    memoize_config_parsing,
+)
 from tests.integration.config_checks import TINY_ARCHS
 
 # momentum, decay (not on BN and biases: the paramwise rules must see whole tensors) and a
@@ -73,6 +80,7 @@ def sharded(path, work, name, blocks, test=True, wrapper=(), **changes):
     cfg = config(path, work, name, strategy=strategy, **changes)
     with fresh_mmengine_instances():
         runner = FlexibleRunner.from_cfg(cfg)
+        gc.freeze()  # as the tools do (mmrepa.integrations.cli.runner)
         runner.train()
         return runner, runner.strategy.full_model().state_dict(), test and runner.test()
 
@@ -214,6 +222,8 @@ def losses(runner):
 
 
 def main(work, *named):
+    # as in the test workers: each rank loads the two configs nine times
+    memoize_config_parsing()
     init_cpu_process_group('pytorch')
     out = {}
     for item in named:

@@ -11,6 +11,7 @@ from mmengine.config import Config, DictAction
 
 from ...apis import load_config
 from ...errors import ConfigError, MMRepaError
+from .runner import freeze_loaded_objects
 
 
 def tool_argument_parser(description: str, distributed: bool = True) -> argparse.ArgumentParser:
@@ -100,7 +101,10 @@ def one_line_errors(tool: str):
     tool's ``main``.
 
     This is where mmrepa's errors become an exit status: the library raises them and never
-    ``SystemExit`` (see :mod:`mmrepa.errors`)."""
+    ``SystemExit`` (see :mod:`mmrepa.errors`). On entry, the objects the tool's imports made are
+    frozen (:func:`~mmrepa.integrations.cli.runner.freeze_loaded_objects`): every tool's main
+    passes here."""
+    freeze_loaded_objects()
     try:
         yield
     except (FileNotFoundError, MMRepaError) as err:
