@@ -271,7 +271,8 @@ def run_task(task: Task, config: str, step: Step, args) -> dict:
     ckpt = last_checkpoint(step.work_dir)
     results = {}
     # the folded model draws its predictions on the test images: the pictures the demo leaves
-    pictures = ['--show-dir', osp.join(step.work_dir, 'pictures')]
+    # (not --smoke, a check: 150 pictures would be a fifth of its test runs' time)
+    pictures = [] if args.smoke else ['--show-dir', osp.join(step.work_dir, 'pictures')]
     for name, flags in (('trained', []), ('folded', ['--reparam', *pictures])):
         out = osp.join(step.work_dir, f'metrics_{name}.json')
         step.run(
@@ -371,7 +372,7 @@ def parse_args():
         action='store_true',
         help='a short check that the task still learns (make test runs it): '
         f'classification on {SMOKE_TRAIN} images for {SMOKE_EPOCHS} epochs, '
-        f'top-1 bar {SMOKE_TOP1:g}',
+        f'top-1 bar {SMOKE_TOP1:g}, no pictures',
     )
     parser.add_argument(
         '--verbose',
