@@ -1,14 +1,15 @@
 """The runner a tool builds, and what a tool process asks of Python's garbage collector.
 
-A tool imports torch, mmengine and a codebase (mmdet, mmseg, mmpretrain): a few million objects
-that live until it exits. Python's cyclic garbage collector walks all of them at every full
-collection: ten or so while they are imported, at each dataset mmengine builds (it calls
+A tool imports torch, mmengine and a codebase (mmdet, mmseg, mmpretrain): half a million objects
+the collector tracks (torch, mmrepa and mmdet), alive until the tool exits. Its full collections
+walk all of them: several while they are imported, at each dataset mmengine builds (it calls
 ``gc.collect()``), in ``torch.load``, at exit. :func:`freeze_loaded_objects` moves what exists to
-the collector's permanent generation (``gc.freeze``), which it no longer walks: a test of the
-classification demo with ``tools/test.py`` went from 11.8-12.1 s to 9.0-10.6 s (2-core AMD EPYC,
-AVX2, one thread, idle, interleaved). Python's documentation also recommends it before forking
-(the DataLoader's workers), so that the workers' collections do not write to the shared pages.
-Frozen objects are still freed by reference counting; only cycles among them would stay.
+the collector's permanent generation (``gc.freeze``), which it no longer walks: ``tools/test.py``
+of the classification demo's checkpoint went from 10.9-13.2 s to 8.9-10.9 s (user CPU 9.6-11.6
+to 7.7-9.4 s; 2-core AMD EPYC, AVX2 only, one thread, idle, four interleaved pairs). Python's
+documentation also recommends it before forking (the DataLoader's workers), so that the workers'
+collections do not write to the shared pages. Frozen objects are still freed by reference
+counting; only cycles among them would stay.
 """
 
 import gc
