@@ -12,14 +12,8 @@ import os.path as osp
 import types
 
 import pytest
-import torch
-
-from tests.helpers import fresh_mmengine_instances, memoize_config_parsing
 
 TIERS = ('unit', 'integration')
-
-
-memoize_config_parsing()
 
 
 def _no_full_collection_per_dataset():
@@ -35,7 +29,16 @@ def _no_full_collection_per_dataset():
     base_dataset.gc = types.SimpleNamespace(collect=lambda generation=2: 0)
 
 
-_no_full_collection_per_dataset()
+def pytest_configure(config):
+    """The processes that run tests (one, or xdist's workers) parse configs once and skip
+    mmengine's full collections. xdist's controller runs none: it does not even import torch
+    or tests.helpers here (~4 s before the workers start, when nothing else runs)."""
+    if getattr(config.option, 'numprocesses', None) and not hasattr(config, 'workerinput'):
+        return
+    from tests.helpers import memoize_config_parsing
+
+    memoize_config_parsing()
+    _no_full_collection_per_dataset()
 
 
 # The longest files first. `make test` runs whole files on 2 workers (--dist loadfile): a long
@@ -94,12 +97,18 @@ def _module_mmengine_instances():
     """What a module fixture's Runner left (a logger, a visualizer of the config's name and
     second) is dropped with the module: a later module's runner of the same name would take
     it instead of building its own (mmdet's hook then got a plain mmengine Visualizer)."""
+    from tests.helpers import fresh_mmengine_instances
+
     with fresh_mmengine_instances():
         yield
 
 
 @pytest.fixture(autouse=True)
 def _seed():
+    import torch
+
+    from tests.helpers import fresh_mmengine_instances
+
     torch.manual_seed(0)
     # a Runner built in a test leaves its logger, message hub and visualizer as mmengine's
     # current ones; a later runner's hooks in the same worker must not find them
