@@ -255,63 +255,6 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
     return path
 
 
-# ----------------------------------------------------------------------------- running a tool
-
-
-def run(*cmd, ok=True, cwd=ROOT, env=None):
-    """Run a command as a user would (from the repository root unless ``cwd``); assert that it
-    succeeded (``ok``) or failed; return its output (standard output, then error)."""
-    proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, env=env)
-    log = proc.stdout + proc.stderr
-    assert (proc.returncode == 0) == ok, log[-4000:]
-    return log
-
-
-def run_tool(*args, ok=True, cwd=ROOT, env=None):
-    """``python ARGS`` (a script and its arguments), as ``run`` runs a command."""
-    return run(sys.executable, *args, ok=ok, cwd=cwd, env=env)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def own_script(package: str, tool: str = 'test') -> str:
-    """``tools/TOOL.py`` as the package ships it (``<package>/.mim/tools/TOOL.py``), the script
-    ``mim TOOL`` runs."""
-    module = __import__(package)
-    script = osp.join(osp.dirname(module.__file__), '.mim', 'tools', f'{tool}.py')
-    assert osp.exists(script), script
-    return script
-
-
-def written_metrics(work_dir: str) -> dict:
-    """The metrics the runner's logger wrote for a test run in ``work_dir``
-    (``<work_dir>/<timestamp>/<timestamp>.json``)."""
-    files = glob.glob(osp.join(work_dir, '*', '*.json'))
-    assert len(files) == 1, files
-    with open(files[0]) as f:
-        return json.load(f)
-
-
-_SCRIPTS = {}
-
-
-def script_module(script: str):
-    """The script (``tools/train.py``, or a package's ``.mim/tools/test.py``) as a module, loaded
-    once per process; its ``if __name__ == '__main__'`` block does not run."""
-    path = osp.join(ROOT, script)
-    if path not in _SCRIPTS:
-        name = '_script_' + osp.splitext(osp.relpath(path, ROOT))[0].replace(os.sep, '_')
-        spec = importlib.util.spec_from_file_location(name.replace('.', '_'), path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _SCRIPTS[path] = module
-    return _SCRIPTS[path]
-
-
 def _memoize_external_config_paths():
     """mmengine resolves a ``mmdet::``/``mmseg::``/... base config by parsing every metafile of
     the package's model index (thousands of YAML files, ~0.35 s) on every lookup, and a base
@@ -388,9 +331,66 @@ def _memoize_config_files():
 
 
 def memoize_config_parsing():
-    """Both memos below, in this process (the test workers; the FSDP launch's ranks)."""
+    """Both memos above, in this process (the test workers; the FSDP launch's ranks)."""
     _memoize_external_config_paths()
     _memoize_config_files()
+
+
+# ----------------------------------------------------------------------------- running a tool
+
+
+def run(*cmd, ok=True, cwd=ROOT, env=None):
+    """Run a command as a user would (from the repository root unless ``cwd``); assert that it
+    succeeded (``ok``) or failed; return its output (standard output, then error)."""
+    proc = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, env=env)
+    log = proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == ok, log[-4000:]
+    return log
+
+
+def run_tool(*args, ok=True, cwd=ROOT, env=None):
+    """``python ARGS`` (a script and its arguments), as ``run`` runs a command."""
+    return run(sys.executable, *args, ok=ok, cwd=cwd, env=env)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def own_script(package: str, tool: str = 'test') -> str:
+    """``tools/TOOL.py`` as the package ships it (``<package>/.mim/tools/TOOL.py``), the script
+    ``mim TOOL`` runs."""
+    module = __import__(package)
+    script = osp.join(osp.dirname(module.__file__), '.mim', 'tools', f'{tool}.py')
+    assert osp.exists(script), script
+    return script
+
+
+def written_metrics(work_dir: str) -> dict:
+    """The metrics the runner's logger wrote for a test run in ``work_dir``
+    (``<work_dir>/<timestamp>/<timestamp>.json``)."""
+    files = glob.glob(osp.join(work_dir, '*', '*.json'))
+    assert len(files) == 1, files
+    with open(files[0]) as f:
+        return json.load(f)
+
+
+_SCRIPTS = {}
+
+
+def script_module(script: str):
+    """The script (``tools/train.py``, or a package's ``.mim/tools/test.py``) as a module, loaded
+    once per process; its ``if __name__ == '__main__'`` block does not run."""
+    path = osp.join(ROOT, script)
+    if path not in _SCRIPTS:
+        name = '_script_' + osp.splitext(osp.relpath(path, ROOT))[0].replace(os.sep, '_')
+        spec = importlib.util.spec_from_file_location(name.replace('.', '_'), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SCRIPTS[path] = module
+    return _SCRIPTS[path]
 
 
 def _managed_classes() -> list:
