@@ -353,6 +353,18 @@ def run_tool(*args, ok=True, cwd=ROOT, env=None):
     return run(sys.executable, *args, ok=ok, cwd=cwd, env=env)
 
 
+def tool_process(*args, cwd=ROOT) -> subprocess.CompletedProcess:
+    """``python ARGS`` from ``cwd``, whatever its exit code: for checks of the exit code and of
+    what goes to standard error."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True)
+
+
+def assert_no_warnings(stderr: str):
+    """Nothing on standard error is a Python warning. mmengine's ``pkg_resources`` import used
+    to warn twice in every tool that reads a config (mmrepa.seams, item 0)."""
+    assert not [line for line in stderr.splitlines() if 'Warning' in line], stderr[-3000:]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))

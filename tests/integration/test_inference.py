@@ -2,11 +2,8 @@
 APIs, ``tools/image_demo.py`` and ``tools/vis_features.py``, on random-weight checkpoints of small
 configs (nothing is trained)."""
 
-import importlib.util
 import os.path as osp
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +13,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa.apis import init_model
 from mmrepa.datasets import make_shapes_coco
-from tests.helpers import DEMO, ROOT, run_script_here
+from tests.helpers import DEMO, ROOT, run_script_here, script_module, tool_process
 
 # the RePa-Swin UperNet config with a tiny backbone and heads, BN for SyncBN, small test images
 TINY_UPERNET = f"""
@@ -97,18 +94,6 @@ def seg(tmp_path_factory):
     config.write_text(TINY_UPERNET)
     meta = init_model(str(config)).dataset_meta  # ADE20K's, from the config's data set
     return str(config), random_checkpoint(str(config), root / 'seg.pth', meta)
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, osp.join(ROOT, 'tools', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_tool(*args):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def read_png(path):
@@ -198,7 +183,7 @@ def test_image_demo_draws_and_lists_detections(det, image, tmp_path, capsys):
     config, ckpt, _ = det
     out = tmp_path / 'pictures' / 'det.png'  # a directory that does not exist yet
     # its main() in this process (at the command line: test_missing_inputs_are_one_line_each)
-    load_tool('image_demo').main(
+    script_module('tools/image_demo.py').main(
         [config, ckpt, image, '--reparam', '--score-thr', '0.3', '--out-file', str(out)]
     )
     stdout = capsys.readouterr().out
@@ -214,7 +199,7 @@ def test_image_demo_draws_and_lists_detections(det, image, tmp_path, capsys):
 def test_image_demo_summarizes_segmentation(seg, image, tmp_path, capsys):
     config, ckpt = seg
     out = tmp_path / 'seg.png'
-    load_tool('image_demo').main([config, ckpt, image, '--out-file', str(out)])
+    script_module('tools/image_demo.py').main([config, ckpt, image, '--out-file', str(out)])
     stdout = capsys.readouterr().out
     areas = [float(p) for p in re.findall(r'^\S.*? +(\d+\.\d) %  \(\d+ px\)$', stdout, re.M)]
     assert len(areas) > 1 and sum(areas) == pytest.approx(100, abs=1)
@@ -228,7 +213,9 @@ def test_vis_features_draws_outputs_before_and_after_folding(
 ):
     config, ckpt = (det if what == 'det' else seg)[:2]
     out = tmp_path / 'features.png'
-    rows = load_tool('vis_features').main([config, ckpt, image, '--out-file', str(out)])
+    rows = script_module('tools/vis_features.py').main(
+        [config, ckpt, image, '--out-file', str(out)]
+    )
     assert len(rows) == (3 if what == 'det' else 4)  # the backbone's out_indices
     assert all(0 < row['rel_diff'] < 1e-5 for row in rows)  # folded, and exactly so
     printed = re.findall(
@@ -244,11 +231,9 @@ def test_vis_features_draws_outputs_before_and_after_folding(
 def test_missing_inputs_are_one_line_each(tool, det, image, tmp_path):
     config, ckpt, _ = det
     script, out = f'tools/{tool}.py', str(tmp_path / 'x.png')
-    code, stdout, stderr = run_tool(
-        script, 'no/config.py', 'no/ckpt.pth', 'no/image.png', '--out-file', out
-    )
-    assert code == 1 and 'Traceback' not in stderr
-    assert stderr.splitlines() == [
+    proc = tool_process(script, 'no/config.py', 'no/ckpt.pth', 'no/image.png', '--out-file', out)
+    assert proc.returncode == 1 and 'Traceback' not in proc.stderr
+    assert proc.stderr.splitlines() == [
         f'{tool}.py: config not found: no/config.py',
         f'{tool}.py: checkpoint not found: no/ckpt.pth',
         f'{tool}.py: image not found: no/image.png',

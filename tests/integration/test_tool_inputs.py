@@ -3,8 +3,6 @@
 import os
 import os.path as osp
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +16,7 @@ from mmrepa.integrations.cli.inputs import (
     check_inputs,
     find_missing_inputs,
 )
-from tests.helpers import ROOT, run_script_here
+from tests.helpers import ROOT, assert_no_warnings, run_script_here, tool_process
 
 RETINANET = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_b_1x_coco.py')
 UPERNET = osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
@@ -26,13 +24,11 @@ PARTS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 
 
 def run_tool(cwd, tool, *args):
-    """Run a tool from ``cwd`` (where no data/ or checkpoints/ exist); (return code, output)."""
-    proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', tool), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-    )
+    """Run a tool from ``cwd`` (where no data/ or checkpoints/ exist) as a user does; (return
+    code, output). A tool that reads a config starts without a warning: the refusal is the
+    first thing on standard error."""
+    proc = tool_process(osp.join(ROOT, 'tools', tool), *args, cwd=cwd)
+    assert_no_warnings(proc.stderr)
     return proc.returncode, proc.stdout + proc.stderr
 
 
