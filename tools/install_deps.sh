@@ -21,6 +21,7 @@ TORCH_VERSION=2.14.1
 TORCHVISION_VERSION=0.29.1
 MMCV_VERSION=2.1.0
 MMDEPLOY_VERSION=1.3.1
+NNCF_VERSION=3.4.0
 CACHE=${MMREPA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmrepa}
 
 log() { printf '[install] %s\n' "$*" >&2; }
@@ -28,17 +29,17 @@ log() { printf '[install] %s\n' "$*" >&2; }
 # Everything the steps below install, checked in one interpreter (each step's own check starts
 # one: ~20 s in all); prints the versions. Run first (all there: nothing to do) and last.
 check_all() {
-  local reqs="stack" mmdeploy=""
+  local reqs="stack" mmdeploy="" nncf=""
   if [ "$WITH_TESTS" = "--tests" ]; then
-    reqs="stack tests docs deploy openvino" mmdeploy=$MMDEPLOY_VERSION
+    reqs="stack tests docs deploy openvino" mmdeploy=$MMDEPLOY_VERSION nncf=$NNCF_VERSION
   fi
   (cd / && "$PY" - "$ROOT" "$TORCH_VERSION" "$TORCHVISION_VERSION" "$MMCV_VERSION" "$mmdeploy" \
-    $reqs <<'EOF'
+    "$nncf" $reqs <<'EOF'
 import os, sys
 from importlib.metadata import version
 from packaging.requirements import Requirement
-root, torch_v, torchvision_v, mmcv_v, mmdeploy_v, *reqs = sys.argv[1:]
-pins = dict(torch=torch_v, torchvision=torchvision_v, mmcv=mmcv_v, mmdeploy=mmdeploy_v)
+root, torch_v, torchvision_v, mmcv_v, mmdeploy_v, nncf_v, *reqs = sys.argv[1:]
+pins = dict(torch=torch_v, torchvision=torchvision_v, mmcv=mmcv_v, mmdeploy=mmdeploy_v, nncf=nncf_v)
 for name, pin in pins.items():
     if pin and version(name).split('+')[0] != pin:
         sys.exit(f'{name} {version(name)} is not {pin}')
@@ -121,8 +122,12 @@ if [ "$WITH_TESTS" = "--tests" ]; then
     log "installing mmdeploy==$MMDEPLOY_VERSION without its dependencies (its protobuf<=3.20.2 pin does not fit onnx)"
     pip_install --quiet --no-deps "mmdeploy==$MMDEPLOY_VERSION"
   fi
-  # OpenVINO and NNCF (tools/deploy.py's OpenVINO configs, tools/quantize.py --backend openvino)
+  # OpenVINO and NNCF (tools/deploy.py's OpenVINO configs, tools/quantize.py --backend openvino);
+  # NNCF without the scikit-learn it never imports (requirements/openvino.txt says why)
   satisfied "$ROOT/requirements/openvino.txt" || pip_install --quiet -r "$ROOT/requirements/openvino.txt"
+  if ! installed nncf "$NNCF_VERSION"; then
+    pip_install --quiet --no-deps "nncf==$NNCF_VERSION"
+  fi
 fi
 
 # 3. mmcv with compiled ops.

@@ -23,7 +23,7 @@ INSTALL = {
     'pip install -r requirements/deploy.txt (see that file)',
     'aenum': 'pip install -r requirements/deploy.txt',
     'openvino': "pip install -e '.[openvino]', or pip install -r requirements/openvino.txt",
-    'nncf': "pip install -e '.[openvino]', or pip install -r requirements/openvino.txt",
+    'nncf': "make install-tests, or pip install -e '.[openvino]'",
     'matplotlib': 'pip install matplotlib',
 }
 
