@@ -413,6 +413,27 @@ def test_adaptive_pooling_is_exact_under_the_onnxruntime_rewrites():
     torch.testing.assert_close(tiny, F.adaptive_avg_pool2d(x[..., :2, :2], 6))
 
 
+def _two_up(find, top):
+    return _one_up(find, top)
+
+
+def _one_up(find, top):
+    return find(top)
+
+
+def test_a_rewrite_finds_the_function_mmdeploy_finds():
+    """mmdeploy's rewriters look up the calling rewrite with mmrepa's frame_func (rewriters,
+    point 6), which returns what mmdeploy's own inspect.stack() search returns."""
+    from mmdeploy.core.rewriters import function_rewriter, rewriter_utils, symbolic_rewriter
+
+    from mmrepa.integrations.mmdeploy.rewriters import frame_func
+
+    assert function_rewriter.get_frame_func is symbolic_rewriter.get_frame_func is frame_func
+    for top, expected in ((1, _one_up), (2, _two_up)):
+        assert _two_up(frame_func, top) is expected
+        assert _two_up(rewriter_utils.get_frame_func, top) is expected
+
+
 def test_rewriter_context_puts_every_function_back():
     """In a fresh process the first RewriterContext used to raise KeyError on exit and leave
     its rewrites in place (mmrepa.integrations.mmdeploy.rewriters, point 5)."""

@@ -39,6 +39,13 @@ nothing changes.
    the functions it had rewritten (``torch.linspace``, ``F.adaptive_avg_pool2d``, ... stayed
    mmdeploy's for the rest of the process). The exit below removes the dict's newest entries
    first, as the list's ``pop`` did.
+6. Finding a rewrite's context: ``FUNCTION_REWRITER.get_context()`` (every rewrite, mmdeploy's
+   and these, calls it) finds the calling rewrite through ``inspect.stack()``, which reads the
+   source line of every frame on the stack and, for frames without a file (the import
+   system's), searches all of ``sys.modules`` for their module. :func:`frame_func` takes the
+   same frame without reading anything: a Mask R-CNN and a RetinaNet export (the demo models,
+   tests/integration/test_mmdeploy.py) went from 24 s to 15 s (two runs each way, 2-core AMD
+   EPYC, AVX2, one thread).
 
 The attention rewrites key on mmrepa's own methods (mmdeploy's Swin rewrites key on mmdet's
 ``WindowMSA`` / ``ShiftWindowMSA`` and never apply to mmrepa's). mmrepa's shifted-window
@@ -53,6 +60,7 @@ post-processing.
 
 import contextlib
 import functools
+import inspect
 import math
 import warnings
 from typing import Optional
@@ -60,7 +68,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from mmdeploy.core import FUNCTION_REWRITER, SYMBOLIC_REWRITER
-from mmdeploy.core.rewriters import function_rewriter
+from mmdeploy.core.rewriters import function_rewriter, symbolic_rewriter
 from mmdeploy.utils import get_ir_config
 from torch.nn.modules.utils import _pair
 
@@ -99,6 +107,22 @@ if not getattr(function_rewriter.FunctionRewriter.exit, 'mmrepa_dict_registry', 
     function_rewriter.FunctionRewriter.exit = _exit_with_dict_registry(
         function_rewriter.FunctionRewriter.exit
     )
+
+
+def frame_func(top: int = 1):
+    """The function whose frame is ``top`` frames up from this call (1: the caller's), by the
+    name it runs under in its module's globals: what mmdeploy's ``get_frame_func`` returns,
+    without ``inspect.stack()`` (point 6)."""
+    frame = inspect.currentframe()
+    for _ in range(top):
+        frame = frame.f_back
+    name = frame.f_code.co_name
+    assert name in frame.f_globals, f'Can not find function: {name} in global.'
+    return frame.f_globals[name]
+
+
+for _module in (function_rewriter, symbolic_rewriter):  # where get_context looks it up
+    _module.get_frame_func = frame_func
 
 
 def exact_sdpa(
