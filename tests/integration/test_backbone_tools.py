@@ -11,6 +11,7 @@ from mmengine.config import Config
 
 from tests.helpers import (
     ROOT,
+    fresh_mmengine_instances,
     randomize_,
     run_script_here,
     tiny_classifier_config,
@@ -92,8 +93,11 @@ def joined_classifier(tmp_path_factory):
         )
     cfg = load_config(config)
     cfg.work_dir = str(tmp / 'work')
-    runner = Runner.from_cfg(cfg)
-    runner.train()
+    # its logger is dropped with it: a tool run below on the same config, started within the
+    # same second, would take it (mmengine names it by config and second) and log elsewhere
+    with fresh_mmengine_instances():
+        runner = Runner.from_cfg(cfg)
+        runner.train()
     assert all(b.current_join_lambda == 1.0 for b in runner.model.backbone.stages)
     return config, str(tmp / 'work' / 'iter_4.pth')
 
