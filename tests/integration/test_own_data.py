@@ -295,3 +295,105 @@ def test_classification_classes_from_the_folders(tmp_path):
             load_config(osp.join(ROOT, 'configs', 'demo', 'classifier_repa_caformer_shapes.py')),
             root,
         )
+
+
+# ------------------------------------------------------- every documented layout, every split
+
+RETINANET = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_t_1x_coco.py')
+LOADER_SPLITS = [(f'{split}_dataloader', split) for split in ('train', 'val', 'test')]
+
+# docs/training.md's COCO layouts: (annotation file, image folder) of split {s}
+COCO_LAYOUTS = {
+    'split folders': ('annotations/{s}.json', '{s}'),
+    'images/split': ('annotations/{s}.json', 'images/{s}'),
+    'images flat': ('annotations/{s}.json', 'images'),
+    'root flat': ('annotations/{s}.json', ''),
+    "COCO's names": ('annotations/instances_{s}2017.json', '{s}2017'),
+}
+
+
+def arrange_coco(src, dst, layout, splits):
+    """``src``'s train and val sets (val again as test) in ``layout``; every image renamed
+    ``{split}_NAME`` so that the flat layouts hold each split's images apart."""
+    ann_pattern, img_pattern = COCO_LAYOUTS[layout]
+    for s in splits:
+        source = 'val' if s == 'test' else s
+        with open(osp.join(src, 'annotations', f'{source}.json')) as f:
+            coco = json.load(f)
+        folder = osp.join(dst, img_pattern.format(s=s))
+        os.makedirs(folder, exist_ok=True)
+        for image in coco['images']:
+            name = f'{s}_{image["file_name"]}'
+            shutil.copy(osp.join(src, source, image['file_name']), osp.join(folder, name))
+            image['file_name'] = name
+        ann_file = osp.join(dst, ann_pattern.format(s=s))
+        os.makedirs(osp.dirname(ann_file), exist_ok=True)
+        with open(ann_file, 'w') as f:
+            json.dump(coco, f)
+    return dst
+
+
+def first_items(cfg, scope):
+    """Each loader's data set as the runner builds it, and its first sample through the
+    pipeline (which reads the image from where the data set says it is)."""
+    registry = __import__(f'{scope}.registry', fromlist=['DATASETS']).DATASETS
+    init_default_scope(scope)
+    for loader, split in LOADER_SPLITS:
+        dataset = registry.build(cfg[loader].dataset)
+        yield split, dataset, dataset[0]
+
+
+@pytest.mark.parametrize('with_test', [True, False], ids=['test split', 'test falls back to val'])
+@pytest.mark.parametrize('layout', COCO_LAYOUTS)
+def test_every_coco_layout_serves_every_split(coco, tmp_path, layout, with_test):
+    splits = ('train', 'val', 'test') if with_test else ('train', 'val')
+    root = arrange_coco(coco, str(tmp_path / 'data'), layout, splits)
+    cfg = load_config(RETINANET)  # COCO's 80 classes; the data has 2 others
+    line = use_own_data(cfg, root)
+    assert line.startswith(f'--data-root {root}: 2 classes (disc, square)'), line
+    assert cfg.model.bbox_head.num_classes == 2
+    for split, dataset, item in first_items(cfg, 'mmdet'):
+        read = 'val' if split == 'test' and not with_test else split
+        assert dataset.metainfo['classes'] == ('disc', 'square')
+        folder = osp.join(root, COCO_LAYOUTS[layout][1].format(s=read), f'{read}_')
+        paths = [dataset.get_data_info(i)['img_path'] for i in range(len(dataset))]
+        assert paths and all(p.startswith(folder) and osp.isfile(p) for p in paths), paths
+        assert item['data_samples'].img_path == paths[0]
+
+
+@pytest.mark.parametrize('with_test', [True, False], ids=['test split', 'test falls back to val'])
+def test_the_ade20k_layout_serves_every_split(ade, tmp_path, with_test):
+    root = str(tmp_path / 'ade')
+    shutil.copytree(ade, root)
+    if with_test:  # ADE20K's test images are 'testing'
+        for kind in ('images', 'annotations'):
+            shutil.copytree(osp.join(root, kind, 'validation'), osp.join(root, kind, 'testing'))
+    with open(osp.join(root, 'classes.txt'), 'w') as f:
+        f.write('ground\nround\nbox\nwedge\n')
+    cfg = load_config(
+        osp.join(ROOT, 'configs', 'repa_swin', 'upernet_repa_swin_t_512x512_160k_ade20k.py')
+    )
+    use_own_data(cfg, root)
+    assert cfg.model.decode_head.num_classes == 4
+    for split, dataset, item in first_items(cfg, 'mmseg'):
+        read = dict(train='training', val='validation').get(split, 'testing')
+        read = 'validation' if split == 'test' and not with_test else read
+        assert dataset.metainfo['classes'] == ('ground', 'round', 'box', 'wedge')
+        assert osp.dirname(item['data_samples'].img_path) == osp.join(root, 'images', read)
+        assert osp.dirname(item['data_samples'].seg_map_path) == osp.join(root, 'annotations', read)
+
+
+@pytest.mark.parametrize('with_test', [True, False], ids=['test split', 'test falls back to val'])
+def test_the_folder_per_class_layout_serves_every_split(tmp_path, with_test):
+    root = make_shapes_classification(str(tmp_path / 'cls'), num_train=6, num_val=3)
+    for split in ('train', 'val'):  # names the ImageNet config does not have
+        os.rename(osp.join(root, split, 'triangle'), osp.join(root, split, 'wedge'))
+    if with_test:
+        shutil.copytree(osp.join(root, 'val'), osp.join(root, 'test'))
+    cfg = load_config(osp.join(ROOT, 'configs', 'repa_swin', 'repa_swin_t_32xb128_in1k.py'))
+    use_own_data(cfg, root)
+    assert cfg.model.head.num_classes == 3
+    for split, dataset, item in first_items(cfg, 'mmpretrain'):
+        read = 'val' if split == 'test' and not with_test else split
+        assert dataset.metainfo['classes'] == ('circle', 'square', 'wedge')
+        assert item['data_samples'].img_path.startswith(osp.join(root, read, ''))

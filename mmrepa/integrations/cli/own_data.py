@@ -3,26 +3,30 @@
 :func:`use_own_data` rewrites a config (in place, nothing is built) so that every data loader
 reads DIR, the data sets and evaluators know DIR's classes, and every head predicts that many:
 
-- **mmdet configs, COCO format.** For each data loader the annotation file is the first found of:
-  the config's ``ann_file`` under DIR, ``DIR/annotations/{split}.json`` (what
-  :func:`mmrepa.datasets.make_shapes_coco` writes), ``DIR/annotations/instances_{split}*.json``
-  (COCO's own layout); the test loader falls back to the val files. The images are looked for
-  in the config's ``data_prefix.img``, then ``DIR/{train2017,...}/`` named after the annotation
-  file, ``DIR/{split}/``, ``DIR/images/{split}/``, ``DIR/images/``, DIR. The classes are the
+Each split is read from its own files first, then from the config's (under DIR); the test loader
+then falls back to the val files (a data set without a test split tests on val).
+
+- **mmdet configs, COCO format.** For each data loader the annotation file is the first found of
+  ``DIR/annotations/{split}.json`` (what :func:`mmrepa.datasets.make_shapes_coco` writes),
+  ``DIR/annotations/instances_{split}*.json`` (COCO's own layout), the config's ``ann_file``.
+  The images are looked for in ``DIR/NAME/`` and ``DIR/images/NAME/`` for NAME the annotation
+  file's name (``val`` of ``val.json``, ``train2017`` of ``instances_train2017.json``), the
+  config's ``data_prefix.img``, the same two folders named after the split (``test``, then
+  ``val``, for the test loader), ``DIR/images/`` and DIR. The classes are the
   training file's ``categories`` in their order (as mmdet numbers them); ``classes`` selects some
   of them. Set: ``data_root``, ``ann_file``, ``data_prefix.img`` and ``metainfo`` of every data
   set (inside RepeatDataset, ConcatDataset, ... too), the evaluators' ``ann_file`` and the
   ``num_classes`` of every head (RetinaNet's ``bbox_head``, Mask R-CNN's ``roi_head.bbox_head``
   and ``mask_head``, each of Cascade R-CNN's ``bbox_head``s; the RPN keeps its one class).
-- **mmseg configs, ADE20K's layout**: ``DIR/images/{training,validation}/`` and
-  ``DIR/annotations/{training,validation}/`` (PNG label maps, same file stems), or the config's
-  ``data_prefix`` under DIR. Label maps hold no names: the classes are ``classes`` (``--classes
-  a,b,c``), else the lines of ``DIR/classes.txt``. Label values are read as the config's data set
-  reads them: ADE20K's ``reduce_zero_label`` (0 ignored, value ``k`` is the ``k``-th class of
-  the list) unless the config says otherwise; 255 is ignored. The data sets become mmseg's
-  ``BaseSegDataset`` (ADE20KDataset refuses classes that are not ADE20K's) with the config's
-  suffixes; the image suffix follows the files. Set: the data sets, the ``num_classes`` of
-  ``decode_head`` and ``auxiliary_head``.
+- **mmseg configs, ADE20K's layout**: ``DIR/images/{training,validation,testing}/`` and
+  ``DIR/annotations/{training,validation,testing}/`` (PNG label maps, same file stems), or the
+  config's ``data_prefix`` under DIR. Label maps hold no names: the classes are ``classes``
+  (``--classes a,b,c``), else the lines of ``DIR/classes.txt``. Label values are read as the
+  config's data set reads them: ADE20K's ``reduce_zero_label`` (0 ignored, value ``k`` is the
+  ``k``-th class of the list) unless the config says otherwise; 255 is ignored. The data sets
+  become mmseg's ``BaseSegDataset`` (ADE20KDataset refuses classes that are not ADE20K's) with the
+  config's suffixes; the image suffix follows the files. Set: the data sets, the ``num_classes``
+  of ``decode_head`` and ``auxiliary_head``.
 - **mmpretrain configs, a folder per class**: ``DIR/{train,val,test}/CLASS/*.jpg`` (the test
   loader falls back to ``val``), mmpretrain's ``CustomDataset``; the classes are the folder names
   of ``train`` in sorted order, and every split must have the same folders (an empty one is
@@ -211,7 +215,9 @@ def _image_prefix(root: str, ann_file: str, split: str, configured, coco: dict) 
     first = coco['images'][0]['file_name']
     stem = osp.splitext(osp.basename(ann_file))[0]
     stem = stem[len('instances_') :] if stem.startswith('instances_') else stem
-    candidates = [configured, f'{stem}/', f'{split}/', f'images/{split}/', 'images/', '']
+    named = dict.fromkeys([stem, *_splits(split)])  # the test loader may read val.json
+    own = [f'{p}{n}/' for n in named for p in ('', 'images/')]
+    candidates = [*own[:2], configured, *own[2:], 'images/', '']
     for prefix in candidates:
         if isinstance(prefix, str) and osp.isfile(osp.join(root, prefix, first)):
             return prefix
@@ -234,9 +240,10 @@ def _detection(cfg: Config, root: str, classes):
                     f'--data-root reads COCO-format data; {loader} uses '
                     f'{leaf.get("type")} with ann_file={leaf.get("ann_file")!r}'
                 )
-            candidates = [leaf.get('ann_file') if not osp.isabs(leaf['ann_file']) else None]
-            for s in _splits(split):
-                candidates += [f'annotations/{s}.json', f'annotations/instances_{s}*.json']
+            configured = leaf['ann_file'] if not osp.isabs(leaf['ann_file']) else None
+            splits = _splits(split)
+            own = [[f'annotations/{s}.json', f'annotations/instances_{s}*.json'] for s in splits]
+            candidates = [*own[0], configured, *(own[1] if len(own) > 1 else [])]
             ann_file = _first_existing(root, candidates, 'annotation file', loader)
             leaf['data_root'] = root
             if ann_file is None:
@@ -402,8 +409,9 @@ def _segmentation(cfg: Config, root: str, classes):
                 )
             }
             configured = dict(leaf.get('data_prefix') or {})
-            candidates = [(configured.get('img_path'), configured.get('seg_map_path'))]
-            candidates += [(f'images/{s}', f'annotations/{s}') for s in ADE_SPLITS[split]]
+            own = [(f'images/{s}', f'annotations/{s}') for s in ADE_SPLITS[split]]
+            candidates = [own[0], (configured.get('img_path'), configured.get('seg_map_path'))]
+            candidates += own[1:]
             pair = next(
                 (
                     (i, a)
@@ -478,7 +486,7 @@ def _classification(cfg: Config, root: str, classes):
         folder = next(
             (
                 f
-                for f in [*configured, *_splits(split)]
+                for f in [_splits(split)[0], *configured, *_splits(split)[1:]]
                 if isinstance(f, str)
                 and f
                 and osp.isdir(osp.join(root, f))
