@@ -26,6 +26,7 @@ from .integrations.cli.config_checks import (
     check_custom_imports,
     check_types,
 )
+from .integrations.cli.config_paths import find_config
 
 
 class TextOnceConfig(Config):
@@ -63,9 +64,10 @@ def load_config(config: str, cfg_options: Optional[dict] = None) -> TextOnceConf
     """``Config.fromfile`` + ``--cfg-options`` + the checks of
     :mod:`mmrepa.integrations.cli.config_checks` that need no build: mmrepa in
     ``custom_imports`` if its types are used, a classifier's neck fits its backbone, every model
-    type registered (else "did you mean"). The config formats its text once
-    (:class:`TextOnceConfig`)."""
-    cfg = TextOnceConfig.of(Config.fromfile(config))
+    type registered (else "did you mean"). A config named by its path before the configs moved
+    into folders per algorithm is found (:func:`~mmrepa.integrations.cli.config_paths.
+    find_config`). The config formats its text once (:class:`TextOnceConfig`)."""
+    cfg = TextOnceConfig.of(Config.fromfile(find_config(config)))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_custom_imports(cfg)

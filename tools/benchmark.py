@@ -43,6 +43,7 @@ from mmrepa.apis import init_model
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
+from mmrepa.integrations.cli.config_paths import ConfigPath
 from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx
@@ -57,7 +58,7 @@ TOOL = 'tools/benchmark.py'
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config')
+    parser.add_argument('config', action=ConfigPath)
     parser.add_argument('--checkpoint', help='weights to load (random weights without)')
     add_shape_argument(parser)
     parser.add_argument('--batch', type=int, default=1, help='batch of the backbone scope')

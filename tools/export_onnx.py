@@ -24,6 +24,7 @@ from mmengine.config import DictAction
 import mmrepa
 from mmrepa.apis import init_model
 from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.config_paths import ConfigPath
 from mmrepa.integrations.cli.outputs import guarded_config
 from mmrepa.integrations.onnx import (
     TensorForward,
@@ -39,7 +40,7 @@ TOOL = 'tools/export_onnx.py'
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config')
+    parser.add_argument('config', action=ConfigPath)
     parser.add_argument('checkpoint', nargs='?')
     parser.add_argument('--shape', nargs=2, type=int, metavar=('H', 'W'), required=True)
     parser.add_argument('--out', help='ONNX file (default: <config name>_backbone.onnx)')

@@ -23,6 +23,7 @@ from mmrepa.apis import init_model
 from mmrepa.engine.hooks import join_modules
 from mmrepa.integrations.cli.args import one_line_errors
 from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
+from mmrepa.integrations.cli.config_paths import ConfigPath
 from mmrepa.integrations.cli.outputs import guarded_config
 from mmrepa.utils import complexity, model_complexity
 from mmrepa.utils.files import write_json
@@ -32,7 +33,7 @@ TOOL = 'tools/get_flops.py'
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config')
+    parser.add_argument('config', action=ConfigPath)
     add_shape_argument(parser)
     parser.add_argument('--checkpoint')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)

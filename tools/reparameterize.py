@@ -23,6 +23,7 @@ import mmrepa
 from mmrepa.apis import init_model
 from mmrepa.checkpoint import save_atomically
 from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.config_paths import ConfigPath
 from mmrepa.integrations.cli.outputs import guarded_config
 
 TOOL = 'tools/reparameterize.py'
@@ -30,7 +31,7 @@ TOOL = 'tools/reparameterize.py'
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('config')
+    parser.add_argument('config', action=ConfigPath)
     parser.add_argument('checkpoint')
     parser.add_argument('out')
     parser.add_argument('--force', action='store_true', help='replace an existing OUT')

@@ -35,7 +35,7 @@ from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, 
 from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
-from mmrepa.integrations.cli.runner import build_runner
+from mmrepa.integrations.cli.runner import build_runner, run
 from mmrepa.utils.files import atomic_folder, atomic_output, write_json
 
 TOOL = 'tools/test.py'
@@ -177,7 +177,7 @@ def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
                 else args.out,
             )
         )
-    metrics = runner.test()
+    metrics = run(runner, 'test')
     if args.dump_metrics and is_main_process():
         write_json(
             {

@@ -11,7 +11,7 @@ import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoin
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
 from mmrepa.integrations.cli.inputs import check_inputs
-from mmrepa.integrations.cli.runner import build_runner
+from mmrepa.integrations.cli.runner import build_runner, run
 
 
 def parse_args():
@@ -64,7 +64,7 @@ def main():
     )
     setup_cpu_distributed(cfg)
     runner = build_runner(cfg)
-    runner.train()
+    run(runner, 'train')
 
 
 if __name__ == '__main__':

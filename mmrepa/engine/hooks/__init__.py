@@ -6,6 +6,7 @@ from .bn_recalibration_hook import (
 )
 from .branch_join_schedule_hook import BranchJoinScheduleHook, join_lambda, join_modules
 from .prepbn_schedule_hook import PRepBNScheduleHook, prepbn_lambda
+from .progress_hook import ProgressHook
 from .reparameterize_hook import ReparameterizeHook
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     'recalibrate_model_bn',
     'PRepBNScheduleHook',
     'prepbn_lambda',
+    'ProgressHook',
     'ReparameterizeHook',
 ]

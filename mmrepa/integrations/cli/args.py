@@ -11,6 +11,7 @@ from mmengine.config import Config, DictAction
 
 from ...apis import load_config
 from ...errors import ConfigError, MMRepaError
+from .config_paths import ConfigPath
 from .runner import freeze_loaded_objects
 
 
@@ -19,7 +20,7 @@ def tool_argument_parser(description: str, distributed: bool = True) -> argparse
     add the tool's own after it), ``--work-dir``, ``--cfg-options`` and, if ``distributed``,
     ``--launcher`` and ``--local_rank``. Apply them with :func:`tool_config`."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument('config', help='config file')
+    parser.add_argument('config', action=ConfigPath, help='config file')
     parser.add_argument(
         '--work-dir',
         help='where logs (and checkpoints) go; default: the '

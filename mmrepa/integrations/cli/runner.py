@@ -26,7 +26,24 @@ def freeze_loaded_objects() -> None:
 
 def build_runner(cfg: Config) -> Runner:
     """The config's runner (mmengine's ``Runner``, or its ``runner_type``, such as
-    ``FlexibleRunner``), and the model and modules that building it made frozen."""
+    ``FlexibleRunner``) with a :class:`~mmrepa.engine.hooks.ProgressHook`, and the model and
+    modules that building it made frozen."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    if not any(isinstance(h, dict) and h.get('type') == 'ProgressHook' for h in hooks):
+        cfg.custom_hooks = hooks + [dict(type='ProgressHook')]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     freeze_loaded_objects()
     return runner
+
+
+def run(runner: Runner, loop: str):
+    """``runner.train()`` / ``.test()`` / ``.val()``; its progress lines end with it, also when
+    it raises (mmengine calls no hook then)."""
+    from ...engine.hooks import ProgressHook
+
+    try:
+        return getattr(runner, loop)()
+    finally:
+        for hook in runner.hooks:
+            if isinstance(hook, ProgressHook):
+                hook.stop()

@@ -1,0 +1,66 @@
+"""Where a config named on the command line is.
+
+The configs moved into one folder per algorithm (``configs/repa_swin/...``), keeping their file
+names; commands written before, such as ``tools/train.py
+configs/retinanet_repa_swin_b_1x_coco.py``, must keep working. So a config path that does not
+exist is looked for one folder down, under the same name: one match is that config (the file
+itself, never a copy that could drift); otherwise the error names the closest configs.
+"""
+
+import argparse
+import difflib
+import glob
+import os
+import os.path as osp
+from typing import List
+
+
+def find_config(path: str) -> str:
+    """``path`` if it is a file, else the one config of that name in a subfolder of its folder;
+    raises ``FileNotFoundError`` with the closest existing configs."""
+    if osp.isfile(path):
+        return path
+    folder, name = osp.split(path)
+    moved = sorted(glob.glob(osp.join(glob.escape(folder or os.curdir), '*', glob.escape(name))))
+    moved = [m for m in moved if osp.isfile(m)]
+    if len(moved) == 1:
+        return osp.normpath(moved[0])
+    close = moved or closest_configs(path)
+    hint = f': did you mean {" or ".join(close)}?' if close else ''
+    raise FileNotFoundError(f'{path}: no such config file{hint}')
+
+
+def closest_configs(path: str, n: int = 3) -> List[str]:
+    """The configs whose names are closest to ``path``'s, under the nearest existing folder
+    above it (``configs/`` for ``configs/x/y.py``)."""
+    folder = osp.dirname(path)
+    while folder and not osp.isdir(folder):
+        folder = osp.dirname(folder)
+    top = folder or os.curdir
+    found = {}
+    for visited, (dirpath, dirnames, filenames) in enumerate(os.walk(top)):
+        if visited == 1000:  # a configs folder has tens; not a whole disk
+            break
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(('.', '_')))
+        for f in sorted(filenames):
+            if f.endswith('.py'):
+                found.setdefault(f, osp.normpath(osp.join(dirpath, f)))
+    name = osp.basename(path)
+    started = sorted(f for f in found if f.startswith(osp.splitext(name)[0]))  # a name cut short
+    if started:
+        return [found[f] for f in started[:n]]
+    names = difflib.get_close_matches(name, list(found), n=n, cutoff=0.6)
+    # the closest, and others as close (a typo of the B model: not also the T and S ones)
+    best = difflib.SequenceMatcher(None, name, names[0]).ratio() if names else 0
+    return [found[m] for m in names if difflib.SequenceMatcher(None, name, m).ratio() > best - 0.01]
+
+
+class ConfigPath(argparse.Action):
+    """The ``config`` argument of a tool: :func:`find_config`'s path, or the tool stops with one
+    line (argparse's own error would print the usage first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            setattr(namespace, self.dest, find_config(values))
+        except FileNotFoundError as err:
+            raise SystemExit(f'tools/{parser.prog}: {err}') from None
