@@ -18,10 +18,11 @@ would pick one of two entries for a name at random).
 """
 
 import contextlib
+import os
 import pickle
 import re
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -109,6 +110,47 @@ def _refusal(name: str, err: pickle.UnpicklingError) -> RefusedCheckpointError:
     )
 
 
+# the first bytes of files that are handed to a checkpoint argument by mistake
+_MAGIC = (
+    (b'\x89PNG', 'a PNG image'),
+    (b'\xff\xd8\xff', 'a JPEG image'),
+    (b'\x1f\x8b', 'a gzip archive'),
+    (b'<?xml', 'an XML file'),
+    (b'{', 'a JSON file'),
+    (b'[', 'a JSON file'),
+)
+# how the files torch.save writes start: a zip, or (before torch 1.6) a pickle of its magic number
+_TORCH_STARTS = (b'PK\x03\x04', b'\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19')
+
+
+def _other_kind(file: Any) -> Optional[str]:
+    """What the file at ``file`` is, when its name or first bytes say that it is no checkpoint
+    at all (an export, an image, a plain pickle), else ``None``."""
+    if not isinstance(file, (str, os.PathLike)) or not os.path.isfile(file):
+        return None
+    path = os.fspath(file)
+    stem, ext = os.path.splitext(path)
+    with open(path, 'rb') as f:
+        head = f.read(16)
+    if ext == '.bin' and os.path.isfile(stem + '.xml'):
+        return f'the weights of the OpenVINO model {os.path.basename(stem)}.xml'
+    if ext == '.onnx':
+        return 'an ONNX model'
+    if head.startswith(_TORCH_STARTS):
+        return None
+    found = next((kind for magic, kind in _MAGIC if head.lstrip().startswith(magic)), None)
+    if found is None and head[:1] == b'\x80':
+        return "a pickle that torch.save did not write (such as tools/test.py --out's)"
+    return found
+
+
+def _not_a_checkpoint(name: str, kind: str, cls=CheckpointError) -> CheckpointError:
+    return cls(
+        f'{name} is {kind}, not a PyTorch checkpoint: give the .pth file that tools/train.py or '
+        'tools/reparameterize.py wrote'
+    )
+
+
 def _unreadable(name: str, err: BaseException) -> CheckpointError:
     first = str(err).strip().splitlines()[0] if str(err).strip() else ''
     return CheckpointError(
@@ -146,7 +188,9 @@ def read_restricted(file: Any, name: str, map_location: Any = None) -> Any:
             ckpt = torch.load(file, map_location=map_location, weights_only=True)
         ckpt = finish(ckpt, nodes)
     except pickle.UnpicklingError as err:
-        raise _refusal(name, err) from None
+        kind = None if 'GLOBAL ' in str(err) else _other_kind(file)
+        refused = _not_a_checkpoint(name, kind, RefusedCheckpointError) if kind else None
+        raise (refused or _refusal(name, err)) from None
     except TypeError as err:  # an allowed class or function called with arguments it refuses
         raise _refusal(name, pickle.UnpicklingError(f'{type(err).__name__}: {err}')) from None
     except RecursionError:
@@ -155,5 +199,6 @@ def read_restricted(file: Any, name: str, map_location: Any = None) -> Any:
             '(Python recursion limit); mmrepa does not load it'
         ) from None
     except Exception as err:  # truncated zip, wrong magic number, a text file, ...
-        raise _unreadable(name, err) from None
+        kind = _other_kind(file)
+        raise (_not_a_checkpoint(name, kind) if kind else _unreadable(name, err)) from None
     return ckpt

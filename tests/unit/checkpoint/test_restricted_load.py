@@ -3,12 +3,15 @@ nothing outside the allow-list is ever called."""
 
 import argparse
 import os.path as osp
+import pickle
 
+import numpy as np
 import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner import load_checkpoint
 from mmengine.runner.checkpoint import CheckpointLoader
+from PIL import Image
 from yacs.config import CfgNode
 
 from mmrepa.backbones import RePaSwin
@@ -192,3 +195,29 @@ def test_bad_files_stop_with_one_line_naming_the_file(tmp_path, files):
         ) as err:
             read_state_dict(str(path))
         assert '\n' not in str(err.value)
+
+
+def test_a_file_of_another_kind_is_named_without_the_trusted_file_advice(tmp_path):
+    """An export, an image, JSON or a plain pickle handed over as a checkpoint: the message
+    says what the file is; loading it with weights_only=False would not help."""
+    (tmp_path / 'end2end.xml').write_text('<?xml version="1.0"?>\n<net name="m"></net>\n')
+    (tmp_path / 'end2end.bin').write_bytes(np.arange(64, dtype=np.float32).tobytes())
+    (tmp_path / 'end2end.onnx').write_bytes(b'\x08\x07\x12\x07pytorch')
+    (tmp_path / 'metrics.json').write_text('{"coco/bbox_mAP": 0.5}\n')
+    Image.new('RGB', (4, 4)).save(tmp_path / 'image.pth', format='PNG')
+    with open(tmp_path / 'results.pkl', 'wb') as f:
+        pickle.dump([{'labels': [1, 2]}], f, protocol=4)
+    kinds = {
+        'end2end.bin': 'the weights of the OpenVINO model end2end.xml',
+        'end2end.onnx': 'an ONNX model',
+        'metrics.json': 'a JSON file',
+        'image.pth': 'a PNG image',
+        'results.pkl': "a pickle that torch.save did not write (such as tools/test.py --out's)",
+    }
+    for name, kind in kinds.items():
+        with pytest.raises(CheckpointError) as err:
+            read_state_dict(str(tmp_path / name))
+        assert str(err.value) == (
+            f'{tmp_path / name} is {kind}, not a PyTorch checkpoint: give the .pth file that '
+            'tools/train.py or tools/reparameterize.py wrote'
+        )
