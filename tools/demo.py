@@ -20,6 +20,10 @@ The repopt task first trains the Hyper-Search network (configs/demo/hs_repopt_vg
 exports its constants with tools/misc/repopt_export_scales.py; its config then trains the plain
 network with RepOptSGD and those constants.
 
+``--data-only`` generates the data sets alone (``data/demo_shapes/``, COCO format;
+``data/demo_shapes_ade/``, ADE20K's layout; ``data/demo_shapes_cls/``, a folder per class) and
+prints where: small examples of the layouts ``tools/train.py --data-root`` reads.
+
 Each step prints one progress line; the tools' own output goes to a log file per step in the
 task's work dir (WORK_DIR/TASK/*.log; --verbose prints it too). A summary table ends the run
 and is written to WORK_DIR/summary.json; the exit status is 1 if any task failed, after the
@@ -60,7 +64,7 @@ class Smoke(NamedTuple):
 
 class Task(NamedTuple):
     config: str
-    make_data: Callable[..., str]  # (**sizes) -> the data root
+    make_data: Callable[..., str]  # (data_dir, **sizes) -> the data root
     metrics: Tuple[Metric, ...]
     # run before training, in the task's work dir; returns --cfg-options for train and test
     prepare: Optional[Callable[['Step', str, List[str]], List[str]]] = None
@@ -136,13 +140,22 @@ def last_lines(path: str, count: int) -> List[str]:
     return ['        ' + line for line in lines[-count:]]
 
 
+# the layout each generator writes, as tools/train.py --data-root reads it
+LAYOUTS = {
+    'make_shapes_coco': 'COCO format',
+    'make_shapes_ade20k': "ADE20K's layout",
+    'make_shapes_classification': 'a folder per class',
+}
+
+
 def _data(maker: str, name: str) -> Callable[..., str]:
-    def make(**sizes):
+    def make(data_dir: str, **sizes):
         from mmrepa import datasets
 
         folder = name + ('_smoke' if sizes else '')  # a smaller set beside the full one
-        return getattr(datasets, maker)(osp.join(ROOT, 'data', folder), **sizes)
+        return getattr(datasets, maker)(osp.join(data_dir, folder), **sizes)
 
+    make.layout = LAYOUTS[maker]
     return make
 
 
@@ -250,14 +263,25 @@ def last_checkpoint(work_dir: str) -> str:
         return osp.join(work_dir, f.read().strip())  # join keeps an absolute path
 
 
+def make_data(task: Task, args) -> str:
+    """The task's data set (the smaller one of ``--smoke``) in ``--data-dir``; its folder."""
+    return task.make_data(args.data_dir, **(task.smoke.data if args.smoke else {}))
+
+
+def data_only(names: List[str], args) -> None:
+    """``--data-only``: generate the tasks' data sets, say where and in which layout."""
+    made = {}
+    for name in names:
+        root = make_data(TASKS[name], args)
+        made.setdefault(root, (TASKS[name].make_data.layout, []))[1].append(name)
+    for root, (layout, tasks) in made.items():
+        print(f'{relative(root)}: {layout} (tasks {", ".join(tasks)})')
+
+
 def run_task(task: Task, config: str, step: Step, args) -> dict:
     """Generate, (prepare,) train, test as trained and folded; the metrics of both tests."""
-    if args.smoke:
-        root = task.make_data(**task.smoke.data)
-        options = [f'{key}={root}' for key in task.smoke.data_keys]
-    else:
-        task.make_data()
-        options = []
+    root = make_data(task, args)
+    options = [f'{key}={root}' for key in task.smoke.data_keys] if args.smoke else []
     train = train_options(args.epochs, args.seed)
     options += task.prepare(step, step.work_dir, train) if task.prepare else []
     step.run(
@@ -364,6 +388,17 @@ def parse_args():
         default=osp.join(ROOT, 'work_dirs', 'demo'),
         help='each task writes to WORK_DIR/TASK',
     )
+    parser.add_argument(
+        '--data-dir',
+        default=osp.join(ROOT, 'data'),
+        help='where the generated data sets are kept (default: data/ of the repository)',
+    )
+    parser.add_argument(
+        '--data-only',
+        action='store_true',
+        help="only generate the tasks' data sets (e.g. to try tools/train.py --data-root on "
+        'them) and print their folders',
+    )
     parser.add_argument('--epochs', type=int, default=None, help="override every task's max_epochs")
     parser.add_argument(
         '--seed', type=int, default=None, help="override every config's randomness.seed (0)"
@@ -444,6 +479,8 @@ def main():
     from mmrepa.utils.machine import finish, machine_info
 
     names = list(TASKS) if args.task == 'all' else [args.task]
+    if args.data_only:
+        return data_only(names, args)
     rows, failed, summary = [], [], []
     machine = machine_info()
     # the tools' threads, not this process's: OMP_NUM_THREADS, 1 unless set (Step.run)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, script_module
+from tests.helpers import ROOT, run_script_here, script_module
 
 
 @pytest.fixture(scope='module')
@@ -84,3 +84,16 @@ def test_per_class_reads_the_tables_of_the_test_log(tmp_path):
         '| a     | 1.0 |',
         '+-------+-----+',
     ]
+
+
+def test_data_only_generates_the_data_sets_and_nothing_else(tmp_path):
+    data, work = tmp_path / 'data', tmp_path / 'work'
+    options = ('--data-only', '--data-dir', str(data), '--work-dir', str(work))
+    _, log = run_script_here('tools/demo.py', *options, '--task', 'classification', '--smoke')
+    assert log.strip().endswith('demo_shapes_cls_smoke: a folder per class (tasks classification)')
+    assert sorted(os.listdir(data / 'demo_shapes_cls_smoke' / 'val')) == [
+        'circle',
+        'square',
+        'triangle',
+    ]
+    assert not work.exists()  # nothing trained
