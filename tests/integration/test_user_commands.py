@@ -1,8 +1,9 @@
 """The commands users type first, run as they are written: the founding command
 (``tools/train.py configs/retinanet_repa_swin_b_1x_coco.py``, a config path from before the
 configs moved into folders per algorithm), and every ``tools/train.py`` / ``tools/test.py``
-command of README.md and docs/. Without COCO or ImageNet weights each stops with the lines
-that say what is missing and builds nothing; on generated data (``--data-root``) the founding
+command of README.md and docs/, from a folder that holds the configs alone (as a new clone).
+Without COCO, ImageNet weights or the own data they name, each stops with the lines that say
+what is missing and builds nothing; on generated data (``--data-root``) the founding
 command trains and its checkpoint tests folded."""
 
 import glob
@@ -48,17 +49,25 @@ def test_the_pages_show_the_commands_this_file_runs():
     assert ('docs/training.md', 'tools/train.py') in scripts
 
 
-def refused_before_building(script, *args):
+@pytest.fixture
+def checkout(tmp_path):
+    """A folder with the repository's configs and nothing else (no data/, checkpoints/ or
+    work_dirs/ a developer's checkout may have): the commands' relative paths, as on a new
+    clone."""
+    os.symlink(osp.join(ROOT, 'configs'), tmp_path / 'configs')
+    return str(tmp_path)
+
+
+def refused_before_building(cwd, script, *args):
     """The tool's output: exit 1, no traceback, and no work dir (nothing was built)."""
-    before = set(os.listdir(ROOT))
-    _, log = run_script_here(script, *args, ok=False)
+    _, log = run_script_here(script, *args, ok=False, cwd=cwd)
     assert 'Traceback' not in log, log[-3000:]
-    assert set(os.listdir(ROOT)) == before, log[-3000:]
+    assert os.listdir(cwd) == ['configs'], log[-3000:]
     return log
 
 
-def test_the_founding_command_names_what_is_missing():
-    log = refused_before_building(*FOUNDING)
+def test_the_founding_command_names_what_is_missing(checkout):
+    log = refused_before_building(checkout, *FOUNDING)
     assert log.startswith(
         'tools/train.py: 6 inputs of configs/repa_swin/retinanet_repa_swin_b_1x_coco.py missing, '
         'nothing was built'
@@ -70,11 +79,10 @@ def test_the_founding_command_names_what_is_missing():
 @pytest.mark.parametrize(
     'page, script, args', documented_commands(), ids=lambda v: v if isinstance(v, str) else None
 )
-def test_each_documented_command_runs_as_written(page, script, args):
-    if not osp.isdir(osp.join(ROOT, 'data', 'coco')):
-        log = refused_before_building(script, *args)
-        problems = [line for line in log.splitlines() if not line.startswith('missing ')]
-        assert len(problems) == 1 and problems[0].startswith(f'{script}: '), log
+def test_each_documented_command_runs_as_written(checkout, page, script, args):
+    log = refused_before_building(checkout, script, *args)
+    problems = [line for line in log.splitlines() if not line.startswith('missing ')]
+    assert len(problems) == 1 and problems[0].startswith(f'{script}: '), log
 
 
 def test_every_config_path_in_the_pages_is_a_config():
@@ -86,13 +94,15 @@ def test_every_config_path_in_the_pages_is_a_config():
         assert osp.isfile(osp.join(ROOT, find_config(osp.join(ROOT, path)))), path
 
 
-def test_a_config_path_that_does_not_exist_names_the_closest():
-    log = refused_before_building('tools/train.py', 'configs/retinanet_repa_swin_b_1x_cocoo.py')
+def test_a_config_path_that_does_not_exist_names_the_closest(checkout):
+    config = 'configs/retinanet_repa_swin_b_1x_cocoo.py'
+    log = refused_before_building(checkout, 'tools/train.py', config)
     assert log.strip() == (
         'tools/train.py: configs/retinanet_repa_swin_b_1x_cocoo.py: no such config file: '
         'did you mean configs/repa_swin/retinanet_repa_swin_b_1x_coco.py?'
     )
-    log = refused_before_building('tools/get_flops.py', 'configs/repa_swin/upernet_repa_swin.py')
+    config = 'configs/repa_swin/upernet_repa_swin.py'
+    log = refused_before_building(checkout, 'tools/get_flops.py', config)
     assert log.strip().startswith('tools/get_flops.py: configs/repa_swin/upernet_repa_swin.py: ')
     assert 'did you mean configs/repa_swin/upernet_repa_swin_' in log
 
