@@ -8,7 +8,8 @@ layout of a single-process run's checkpoint: ``tools/test.py``, ``tools/reparame
 the other tools read it, and ``load_from`` starts a run (sharded or not) from it. The optimizer
 state is left out: resume a sharded run from SHARDED_DIR itself. Every rank file must be there
 and the pieces must cover every parameter exactly once. OUT may not be inside SHARDED_DIR; it
-is written atomically and an existing OUT is refused unless --force is given.
+is written atomically and an existing OUT is refused unless --force is given. A step that runs
+longer than 30 s says so every 30 s.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from mmrepa.checkpoint import save_atomically
 from mmrepa.checkpoint.sharded import consolidate
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.utils.progress import step
 
 TOOL = 'tools/consolidate_checkpoint.py'
 
@@ -41,8 +43,10 @@ def main(argv=None):
         )
     if osp.exists(args.out) and not args.force:
         raise ConfigError(f'OUT {args.out} exists; pass --force to replace it')
-    checkpoint = consolidate(args.sharded)
-    save_atomically(checkpoint, args.out)
+    with step(TOOL, f'reading the rank files of {args.sharded}'):
+        checkpoint = consolidate(args.sharded)
+    with step(TOOL, f'writing {args.out}'):
+        save_atomically(checkpoint, args.out)
     numel = sum(v.numel() for v in checkpoint['state_dict'].values())
     print(
         f'wrote {len(checkpoint["state_dict"])} tensors ({numel / 1e6:.2f} M values) to {args.out}'

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from mmrepa.engine.hooks import ProgressHook
 from mmrepa.integrations.cli.runner import run
-from mmrepa.utils.progress import Heartbeat, progress_interval
+from mmrepa.utils.progress import Heartbeat, progress_interval, step
 
 SLOW = 0.6  # seconds per iteration
 INTERVAL = 0.1
@@ -106,3 +106,14 @@ def test_the_interval_is_30_s_unless_set(monkeypatch):
     for bad in ('soon', '0', '-1', 'inf', 'nan'):
         monkeypatch.setenv('MMREPA_PROGRESS_INTERVAL', bad)
         assert progress_interval() == 30.0
+
+
+def test_a_tools_step_names_itself_while_it_runs(monkeypatch, capsys):
+    monkeypatch.setenv('MMREPA_PROGRESS_INTERVAL', str(INTERVAL))
+    with step('tools/deploy.py', 'exporting to ONNX'):
+        time.sleep(SLOW)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(
+        line.startswith('tools/deploy.py: exporting to ONNX (running for ') for line in lines
+    ), lines
+    assert not progress_threads()
