@@ -61,7 +61,7 @@ class CannotExport(Exception):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('config')
     parser.add_argument('checkpoint')
     parser.add_argument('deploy_cfg', help='an mmdeploy config, e.g. from configs/deploy/')
@@ -300,16 +300,16 @@ def run_backend(
     Runtime runs the file itself), run it through mmdeploy's backend model and the folded
     PyTorch ``model`` on ``image``, and compare them (:func:`compare`). Returns (the comparison,
     the backend's files, the network input's (H, W))."""
-    from mmdeploy.apis.utils import build_task_processor
     from mmdeploy.backend.base import get_backend_manager
     from mmdeploy.utils import get_backend, get_input_shape
+
+    from mmrepa.integrations.mmdeploy.deployed import build_backend_model
 
     backend = get_backend(deploy_cfg).value
     files = [onnx_file]
     if backend != 'onnxruntime':  # mmdeploy's step from the ONNX graph to the backend's files
         files = get_backend_manager(backend).to_backend(files, work_dir, deploy_cfg)
-    processor = build_task_processor(folded_cfg, deploy_cfg, 'cpu')
-    backend_model = processor.build_backend_model(files, processor.update_data_preprocessor)
+    processor, backend_model = build_backend_model(folded_cfg, deploy_cfg, files)
     inputs, _ = processor.create_input(image, get_input_shape(deploy_cfg))
     with torch.no_grad():
         ref = model.test_step(copy.deepcopy(inputs))[0]

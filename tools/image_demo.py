@@ -1,9 +1,12 @@
 """Draw a model's predictions on an image or a folder of images: detections (boxes, and masks if
-the model predicts them) for mmdet configs, the segmentation for mmseg configs.
+the model predicts them) for mmdet configs, the segmentation for mmseg configs; the model as
+trained, or as tools/deploy.py exported it to ONNX Runtime or OpenVINO.
 
     python tools/image_demo.py CONFIG CHECKPOINT IMAGE --out-file OUT.png [--reparam]
         [--score-thr 0.3] [--device cpu] [--cfg-options KEY=VALUE ...]
     python tools/image_demo.py CONFIG CHECKPOINT FOLDER --out-dir OUT_DIR [...]
+    python tools/image_demo.py DIR IMAGE --out-file OUT.png [--score-thr 0.3]
+    python tools/image_demo.py DIR FOLDER --out-dir OUT_DIR [--score-thr 0.3]
 
 A FOLDER's images (its files ending in .jpg, .png, ...; not its subfolders) are drawn one by one
 with the model loaded once, each to OUT_DIR/NAME.png (``--out-dir`` takes a single IMAGE too).
@@ -14,30 +17,50 @@ the config's ``default_scope``) and is drawn with their ``DetLocalVisualizer`` /
 reparam=True)``): the picture and the printed lines are the same. Prints one line per detection
 above ``--score-thr``, or the area of every predicted class.
 
-A picture may not be an input (an image, the config, the checkpoint) or a link to one, nor
-OUT_DIR the image folder or a folder holding an input: checked before the model is built. Each
-picture is written atomically; OUT_DIR's pictures go to a temporary folder beside it, moved into
-OUT_DIR at the end (its other files are kept), so a failed or killed run leaves none half drawn.
+DIR, the output folder of ``tools/deploy.py CONFIG CHECKPOINT DEPLOY_CFG --out DIR``, takes the
+place of CONFIG CHECKPOINT: its model runs in its backend (DIR/end2end.onnx in ONNX Runtime,
+DIR/end2end.xml in OpenVINO) through mmdeploy's task processor and backend model, as
+tools/deploy.py checked it (:class:`mmrepa.integrations.mmdeploy.deployed.DeployedModel`), and
+is drawn and printed as above, with the classes of DIR/folded.pth. The export is static: an image
+whose test pipeline (DIR/model_cfg.py's) gives another input size than the traced one is refused
+with one line. ``--reparam`` and ``--cfg-options`` do not apply (the model is folded and
+configured).
+
+A picture may not be an input (an image, the config, the checkpoint, DIR's files) or a link to
+one, nor OUT_DIR the image folder, DIR or a folder holding an input: checked before the model is
+built. Each picture is written atomically; OUT_DIR's pictures go to a temporary folder beside it,
+moved into OUT_DIR at the end (its other files are kept), so a failed or killed run leaves none
+half drawn.
 """
 
 import argparse
 import contextlib
+import functools
 import os
 import os.path as osp
 import sys
+from typing import Callable, NamedTuple
 
 from mmengine.config import DictAction  # light; torch, mmdet and mmseg load after the checks
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+TOOL = 'tools/image_demo.py'
 
 
-def image_tool_parser(description: str, folders: bool = False) -> argparse.ArgumentParser:
+def image_tool_parser(
+    description: str, folders: bool = False, deployed: bool = False
+) -> argparse.ArgumentParser:
     """The arguments of the tools that run a model on one image (this one, vis_features.py);
     ``folders``: IMAGE may be a folder, written to ``--out-dir`` (or one image to
-    ``--out-file``)."""
+    ``--out-file``); ``deployed``: a tools/deploy.py output folder may replace CONFIG
+    CHECKPOINT."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument('config', help='mmdet or mmseg config file')
-    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        'config',
+        help='mmdet or mmseg config file'
+        + (', or DIR: a tools/deploy.py output folder, without CHECKPOINT' if deployed else ''),
+    )
+    parser.add_argument('checkpoint', nargs='?' if deployed else None, help='checkpoint file')
     if folders:
         parser.add_argument('image', help='image file, or a folder of images')
         out = parser.add_mutually_exclusive_group(required=True)
@@ -57,15 +80,18 @@ def image_tool_parser(description: str, folders: bool = False) -> argparse.Argum
 
 
 def missing_inputs(tool: str, args, folders: bool = False) -> list:
-    """One line per input file that does not exist (``folders``: the image may be a folder)."""
+    """One line per input file that does not exist (``folders``: the image may be a folder, and
+    a tools/deploy.py output folder replace CONFIG CHECKPOINT)."""
+    model = [('config', args.config, osp.isfile), ('checkpoint', args.checkpoint, osp.isfile)]
+    if folders and args.checkpoint is None:  # DIR IMAGE
+        if osp.isfile(args.config):
+            return [f'{tool}: no CHECKPOINT after the config {args.config}']
+        model = [('tools/deploy.py output folder', args.config, osp.isdir)]
+    image = ('image', args.image, lambda p: osp.isfile(p) or folders and osp.isdir(p))
     return [
         f'{tool}: {what} not found: {path}'
-        for what, path in (
-            ('config', args.config),
-            ('checkpoint', args.checkpoint),
-            ('image', args.image),
-        )
-        if not (osp.isfile(path) or folders and what == 'image' and osp.isdir(path))
+        for what, path, found in (*model, image)
+        if not found(path)
     ]
 
 
@@ -98,7 +124,7 @@ def image_files(args) -> list:
 
 
 def parse_args(argv=None):
-    parser = image_tool_parser(__doc__.strip().splitlines()[0], folders=True)
+    parser = image_tool_parser(__doc__.split('\n\n')[0], folders=True, deployed=True)
     parser.add_argument('--reparam', action='store_true', help='fold the model first')
     parser.add_argument(
         '--score-thr',
@@ -145,49 +171,109 @@ def print_class_areas(result, classes, top: int = 20) -> None:
         print(f'... {len(order) - top} more class(es), {100 * rest / total:.1f} % together')
 
 
+class Predictor(NamedTuple):
+    """What the pictures need of a model: its scope ('mmdet' or 'mmseg'), class names and
+    palette, image path -> data sample, and how it is named."""
+
+    scope: str
+    dataset_meta: dict
+    predict: Callable
+    name: str
+
+
 def main(argv=None):
     args = parse_args(argv)
     missing = missing_inputs('image_demo.py', args, folders=True)
     if missing:  # before the slow imports: a typo is answered at once
         sys.exit('\n'.join(missing))
+    if args.checkpoint is None and (args.reparam or args.cfg_options):
+        sys.exit(
+            'image_demo.py: --reparam and --cfg-options are for CONFIG CHECKPOINT; the model of '
+            f'{args.config} (tools/deploy.py) is folded and configured'
+        )
     from mmrepa.integrations.cli.args import one_line_errors
 
     # mmrepa's errors (an unreadable image, an output over an input, ...) as one line
-    with one_line_errors('tools/image_demo.py'):
+    with one_line_errors(TOOL):
         return run(args)
+
+
+def model_inputs(args) -> list:
+    """(what, path) of the files the model is read from."""
+    if args.checkpoint is not None:
+        return [('config', args.config), ('checkpoint', args.checkpoint)]
+    from mmrepa.integrations.mmdeploy.deployed import deployed_files
+
+    files = deployed_files(args.config)[1]
+    return [
+        ('tools/deploy.py output folder', args.config),
+        *(('tools/deploy.py output file', path) for path in files),
+    ]
 
 
 def run(args):
     images = image_files(args)
+    from mmrepa.integrations.cli.args import one_line_errors
     from mmrepa.integrations.cli.outputs import check_outputs
     from mmrepa.utils.files import atomic_folder, atomic_output
 
     check_outputs(
-        'tools/image_demo.py',
+        TOOL,
         [('--out-file', args.out_file), ('--out-dir', args.out_dir, True)],
         [
-            ('config', args.config),
-            ('checkpoint', args.checkpoint),
+            *model_inputs(args),
             ('image' if osp.isfile(args.image) else 'image folder', args.image),
             *(('image', image) for image, _ in images),
         ],
     )
+    with one_line_errors(TOOL):
+        predictor = (pytorch_model if args.checkpoint else deployed_model)(args)
+    visualizer = make_visualizer(predictor)
+    with contextlib.ExitStack() as stack:
+        folder = args.out_dir and stack.enter_context(atomic_folder(args.out_dir, replace=False))
+        for path, out_file in images:
+            if len(images) > 1:
+                print(f'{path}:')
+            with atomic_output(
+                osp.join(folder, osp.basename(out_file)) if folder else out_file
+            ) as tmp:
+                draw_predictions(predictor, visualizer, path, tmp, args.score_thr)
+            print(f'wrote {out_file} ({predictor.name})')
 
+
+def pytorch_model(args) -> Predictor:
     from mmrepa.apis import init_model
-    from mmrepa.integrations.cli.args import one_line_errors
 
-    with one_line_errors('tools/image_demo.py'):
-        model = init_model(
-            args.config, args.checkpoint, args.device, args.cfg_options, reparam=args.reparam
-        )
+    model = init_model(
+        args.config, args.checkpoint, args.device, args.cfg_options, reparam=args.reparam
+    )
     scope = model.cfg.get('default_scope')
     if scope not in ('mmdet', 'mmseg'):
         sys.exit(
             f'{args.config}: default_scope is {scope!r}; image_demo.py draws mmdet and '
             'mmseg models only'
         )
-    meta = model.dataset_meta
     if scope == 'mmdet':
+        from mmdet.apis import inference_detector as inference
+    else:
+        from mmseg.apis import inference_model as inference
+    name = f'{"folded" if args.reparam else "as trained"} model'
+    return Predictor(scope, model.dataset_meta, functools.partial(inference, model), name)
+
+
+def deployed_model(args) -> Predictor:
+    """The model of a tools/deploy.py output folder, in its backend."""
+    from mmrepa.integrations.mmdeploy.deployed import DeployedModel
+
+    model = DeployedModel(args.config, args.device, tool=TOOL)
+    scope = model.model_cfg.get('default_scope')  # mmdet or mmseg: what tools/deploy.py exports
+    return Predictor(scope, model.dataset_meta, model, f'folded model in {model.backend}')
+
+
+def make_visualizer(predictor: Predictor):
+    """mmdet's or mmseg's visualizer, with the model's classes and palette."""
+    meta = predictor.dataset_meta
+    if predictor.scope == 'mmdet':
         from mmdet.visualization import DetLocalVisualizer
 
         visualizer = DetLocalVisualizer(name='image_demo')
@@ -197,37 +283,25 @@ def run(args):
 
         visualizer = SegLocalVisualizer(name='image_demo', alpha=0.5)
         visualizer.dataset_meta = dict(classes=meta['classes'], palette=meta['palette'])
-    with contextlib.ExitStack() as stack:
-        folder = args.out_dir and stack.enter_context(atomic_folder(args.out_dir, replace=False))
-        for path, out_file in images:
-            if len(images) > 1:
-                print(f'{path}:')
-            with atomic_output(
-                osp.join(folder, osp.basename(out_file)) if folder else out_file
-            ) as tmp:
-                draw_predictions(model, visualizer, path, tmp, args.score_thr)
-            print(f'wrote {out_file} ({"folded" if args.reparam else "as trained"} model)')
+    return visualizer
 
 
-def draw_predictions(model, visualizer, path: str, out_file: str, score_thr: float) -> None:
+def draw_predictions(
+    predictor: Predictor, visualizer, path: str, out_file: str, score_thr: float
+) -> None:
     """Run the model on the image at ``path``, print what it predicts, draw it to
     ``out_file``."""
     from mmrepa.integrations.cli.inputs import read_image
 
-    image = read_image('tools/image_demo.py', path)  # not an image: one line, no cv2 traceback
-    classes = model.dataset_meta['classes']
-    if model.cfg.get('default_scope') == 'mmdet':
-        from mmdet.apis import inference_detector
-
-        result = inference_detector(model, path)
+    image = read_image(TOOL, path)  # not an image: one line, no cv2 traceback
+    classes = predictor.dataset_meta['classes']
+    result = predictor.predict(path)
+    if predictor.scope == 'mmdet':
         print_detections(result, classes, score_thr)
         visualizer.add_datasample(
             'image', image, result, draw_gt=False, pred_score_thr=score_thr, out_file=out_file
         )
     else:
-        from mmseg.apis import inference_model
-
-        result = inference_model(model, path)
         print_class_areas(result, classes)
         visualizer.add_datasample(
             'image', image, result, draw_gt=False, with_labels=True, out_file=out_file

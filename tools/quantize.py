@@ -105,7 +105,7 @@ def open_session(path: str, backend: str, threads: int = 0):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('config')
     parser.add_argument('checkpoint')
     parser.add_argument(

@@ -1,6 +1,7 @@
 """Whole models through mmdeploy 1.3.1: RetinaNet, Mask R-CNN and UperNet with folded mmrepa
 backbones export to ONNX (tools/deploy.py, configs/deploy/) and ONNX Runtime gives PyTorch's
-boxes, labels, masks and class maps; what cannot be exported is refused without leaving files.
+boxes, labels, masks and class maps; what cannot be exported is refused without leaving files;
+tools/image_demo.py runs an export on new images as it runs the PyTorch model.
 
 Tiny demo models (configs/demo, random weights with non-trivial BatchNorm statistics) on small
 generated data. The detectors are traced at 96 x 96, so the window attention pads (the last
@@ -8,16 +9,21 @@ stages' 6 x 6 and 3 x 3 maps against windows of 4) and shifts; the UperNet at 48
 its pyramid pooling takes a 2 x 2 map to 3 x 3 and 6 x 6."""
 
 import ast
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.nn.modules.batchnorm import _BatchNorm
 
 pytest.importorskip('onnxruntime')
@@ -251,6 +257,137 @@ def test_openvino_exports_with_the_rewrites_onnxruntime_gets():
         'torch.Tensor.masked_fill',
         'mmcv.ops.deform_conv.DeformConv2dFunction',
     }
+
+
+# ------------------------------------------------------- the exported model on new images
+
+DEMO_TOOL = 'tools/image_demo.py'
+# tools/image_demo.py's detection line; printed boxes have 1 decimal, scores 3
+DETECTION = re.compile(r'^(\S+) +score (\d\.\d{3})  box +(\S+) +(\S+) +(\S+) +(\S+)$')
+
+
+@contextlib.contextmanager
+def mmengine_messages():
+    """The warnings mmengine's current logger is told inside (mmengine's registry warns there):
+    a logger created earlier in this process writes to the stream of its creation, not to what
+    run_script_here captures (one the run creates does)."""
+    from mmengine.logging import MMLogger
+
+    records, handler = [], logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+def read_png(path):
+    with Image.open(path) as im:
+        assert im.format == 'PNG'
+        return np.asarray(im.convert('RGB'))
+
+
+def printed_per_image(log):
+    """The lines image_demo.py printed for each image of a folder: name -> lines."""
+    parts = re.split(r'^(\S+\.(?:png|jpg)):$', log, flags=re.M)
+    return {
+        osp.basename(image): text.split('\nwrote ')[0].strip().splitlines()
+        for image, text in zip(parts[1::2], parts[2::2])
+    }
+
+
+def assert_same_printed_detections(deployed, pytorch):
+    """Instance by instance, paired by label and box (scores equal up to float noise may come in
+    either order). tools/deploy.py's check bounds the boxes' difference to 1e-3 px and the
+    scores' to 1e-4 (test_whole_model_exports_...): printed to 0.1 px and 0.001, they round
+    apart by at most one unit of the last digit."""
+    assert deployed[0] == pytorch[0] and len(deployed) == len(pytorch)  # 'N detection(s) ...'
+    free = [DETECTION.match(line).groups() for line in deployed[1:]]
+    for line in pytorch[1:]:
+        label, score, *box = DETECTION.match(line).groups()
+        same = [
+            got
+            for got in free
+            if got[0] == label
+            and abs(float(got[1]) - float(score)) <= 1e-3 + 1e-4
+            and max(abs(float(a) - float(b)) for a, b in zip(got[2:], box)) <= 0.1 + 1e-3
+        ]
+        assert same, f'no deployed counterpart of {line!r} in {deployed}'
+        free.remove(same[0])
+
+
+@pytest.mark.parametrize(
+    'name, backend',
+    [('retinanet', 'onnxruntime'), pytest.param('upernet', 'openvino', marks=needs_openvino)],
+)
+def test_image_demo_runs_the_deployed_model_as_pytorch(name, backend, exports, data, tmp_path):
+    """``tools/image_demo.py DIR FOLDER --out-dir OUT``, DIR a tools/deploy.py output, prints
+    the PyTorch model's predictions on every image (other images than the export's too) and
+    draws them, without mmengine's registry-scope warnings."""
+    folder, out, _, _, image = exports(name, backend)
+    _, coco, ade = data
+    if name == 'upernet':
+        options = upernet_options(ade)
+    else:  # inference_detector reads the test loader's pipeline, mmdeploy test_pipeline
+        options = detector_options(coco) + ['test_dataloader.dataset.pipeline.1.scale=(96,96)']
+    images = osp.dirname(image)
+    with mmengine_messages() as records:
+        _, log = run_script_here(
+            DEMO_TOOL, out, images, '--out-dir', tmp_path / 'deployed', '--score-thr', '0'
+        )
+    messages = log + '\n'.join(r.getMessage() for r in records)
+    # mmengine's scope warnings: 'Failed to search registry ...', 'Failed to import `X.registry`'
+    assert 'registry' not in messages, messages
+    _, reference = run_script_here(
+        DEMO_TOOL,
+        osp.join(DEMO, CASES[name][0]),
+        folder / 'model.pth',
+        images,
+        '--out-dir',
+        tmp_path / 'pytorch',
+        '--score-thr',
+        '0',
+        '--cfg-options',
+        *options,
+    )
+    deployed, pytorch = printed_per_image(log), printed_per_image(reference)
+    assert sorted(deployed) == sorted(pytorch) == sorted(os.listdir(images))
+    for picture, lines in pytorch.items():
+        if name == 'upernet':  # tools/deploy.py allows no differing class-map pixel
+            assert deployed[picture] == lines and len(lines) > 1
+        else:
+            assert_same_printed_detections(deployed[picture], lines)
+        drawn = read_png(tmp_path / 'deployed' / (osp.splitext(picture)[0] + '.png'))
+        source = np.asarray(Image.open(osp.join(images, picture)).convert('RGB'))
+        assert drawn.shape == source.shape and (drawn != source).any()  # drawn on the image
+    assert f'(folded model in {backend})' in log
+
+
+def test_image_demo_refuses_in_one_line_what_the_deployed_model_cannot_take(exports, tmp_path):
+    _, out, _, _, image = exports('retinanet')
+    wide = tmp_path / 'wide.png'  # the pipeline keeps its ratio: 96 x 64, not the traced 96 x 96
+    Image.open(image).crop((0, 0, 96, 64)).save(wide)
+    cases = [
+        ((tmp_path, image), f'{tmp_path} is not a tools/deploy.py output folder (no report.json'),
+        ((out, image, '--reparam'), '--reparam and --cfg-options are for CONFIG CHECKPOINT'),
+        ((out, wide), 'the test pipeline makes it 64 x 96, but the model in'),
+    ]
+    for args, message in cases:
+        _, log = run_script_here(DEMO_TOOL, *args, '--out-file', tmp_path / 'p.png', ok=False)
+        assert message in log.strip().splitlines()[-1] and 'Traceback' not in log, log[-2000:]
+    _, log = run_script_here(DEMO_TOOL, out, image, '--out-dir', out, ok=False)
+    assert log.strip().endswith('an output never replaces an input; write it elsewhere'), log
+    assert sorted(os.listdir(tmp_path)) == ['wide.png']
+
+
+@pytest.mark.parametrize('tool', ['tools/image_demo.py', 'tools/deploy.py', 'tools/quantize.py'])
+def test_help_describes_the_tool_in_full_sentences(tool):
+    """--help's description is the docstring's whole first paragraph, not its first line."""
+    _, log = run_script_here(tool, '--help')
+    doc = script_module(tool).__doc__
+    assert ''.join(doc.split('\n\n')[0].split()) in ''.join(log.split())
 
 
 def _refused(tmp_path, *args):
