@@ -42,6 +42,7 @@ from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.optional import require
 from mmrepa.utils.files import atomic_folder, write_json
+from mmrepa.utils.progress import step
 
 TOOL = 'tools/deploy.py'
 # the (codebase, task) pairs this tool compares, and the deploy config for each kind of model
@@ -321,10 +322,14 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
     from mmdeploy.apis import torch2onnx
     from mmdeploy.utils import get_backend
 
-    model, folded_cfg, weights, fold = fold_and_save(cfg, args.checkpoint, work_dir)
+    with step(TOOL, 'folding the model'):
+        model, folded_cfg, weights, fold = fold_and_save(cfg, args.checkpoint, work_dir)
     onnx_file = osp.join(work_dir, 'end2end.onnx')
     try:
-        torch2onnx(image, work_dir, 'end2end.onnx', deploy_cfg, folded_cfg, weights, device='cpu')
+        with step(TOOL, 'exporting to ONNX with mmdeploy'):
+            torch2onnx(
+                image, work_dir, 'end2end.onnx', deploy_cfg, folded_cfg, weights, device='cpu'
+            )
     except Exception as err:  # mmdeploy, its rewrites and torch.onnx raise anything
         raise CannotExport(
             f'mmdeploy could not export the folded {cfg.model.type} ({_first_line(err)})'
@@ -332,9 +337,10 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
     if not osp.isfile(onnx_file):
         raise CannotExport(f'mmdeploy wrote no {osp.basename(onnx_file)}')
     backend = get_backend(deploy_cfg).value
-    result, files, input_shape = run_backend(
-        model, folded_cfg, deploy_cfg, onnx_file, image, work_dir
-    )
+    with step(TOOL, f'converting for {backend} and comparing it with PyTorch'):
+        result, files, input_shape = run_backend(
+            model, folded_cfg, deploy_cfg, onnx_file, image, work_dir
+        )
     report = dict(
         config=osp.abspath(args.config),
         checkpoint=osp.abspath(args.checkpoint),

@@ -87,6 +87,7 @@ from mmrepa.integrations.quantize import (
 from mmrepa.utils.files import write_json
 from mmrepa.utils.latency import time_interleaved
 from mmrepa.utils.machine import finish, machine_info
+from mmrepa.utils.progress import step
 
 TOOL = 'tools/quantize.py'
 FORMS = ('unfolded', 'folded', 'identity-apart')
@@ -384,20 +385,22 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
         paths, layers, targets = {}, {}, {}
         for form in (args.form,) + tuple(f for f in forms if f != args.form):
-            targets[form] = build_form(model, form)
-            float_path = osp.join(tmp, f'{form}.onnx')
-            int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8{ext}')
-            export_error = export(targets[form], args.full, x, float_path, form, args.backend)
-            if openvino:
-                ranges = None  # NNCF keeps its ranges in the FakeQuantize nodes
-                validation = None
-                if args.max_drop is not None and form == args.form:
-                    validation = accuracy_control(targets[form], cfg, args, threads)
-                save_ir(
-                    quantize_nncf(read_model(float_path), calib, validation=validation), int8_path
-                )
-            else:
-                ranges = quantize_qdq(float_path, int8_path, calib, **options)
+            with step(TOOL, f'exporting and quantizing the {form} {part}'):
+                targets[form] = build_form(model, form)
+                float_path = osp.join(tmp, f'{form}.onnx')
+                int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8{ext}')
+                export_error = export(targets[form], args.full, x, float_path, form, args.backend)
+                if openvino:
+                    ranges = None  # NNCF keeps its ranges in the FakeQuantize nodes
+                    validation = None
+                    if args.max_drop is not None and form == args.form:
+                        validation = accuracy_control(targets[form], cfg, args, threads)
+                    save_ir(
+                        quantize_nncf(read_model(float_path), calib, validation=validation),
+                        int8_path,
+                    )
+                else:
+                    ranges = quantize_qdq(float_path, int8_path, calib, **options)
             paths[form] = (float_path, int8_path)
             result.setdefault('export_max_abs_error', {})[form] = export_error
             if args.report:
@@ -429,10 +432,11 @@ def main(argv=None) -> dict:
         )
 
         if not args.no_metric:
-            result['metric'] = {
-                k: config_metric(SessionModel(targets[args.form], s, args.full), cfg)
-                for k, s in sessions.items()
-            }
+            with step(TOOL, 'testing the float32 and INT8 models on the test set'):
+                result['metric'] = {
+                    k: config_metric(SessionModel(targets[args.form], s, args.full), cfg)
+                    for k, s in sessions.items()
+                }
             key = main_metric(result['metric']['float32'])
             f32, i8 = result['metric']['float32'][key], result['metric']['int8'][key]
             result.update(metric_key=key, metric_drop=f32 - i8)

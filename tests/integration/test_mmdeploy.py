@@ -132,9 +132,11 @@ def exports(data, tmp_path_factory):
             'upernet': osp.join(ade, 'images', 'validation', 'shapes_validation_00001.jpg'),
         }[name]
         given = [] if name == 'retinanet' else ['--image', image]
-        report, log = run_script_here(
-            TOOL, config, ckpt, deploy_cfg, '--out', out, *given, '--cfg-options', *options
-        )
+        with pytest.MonkeyPatch.context() as mp:  # a line per 0.05 s of each step
+            mp.setenv('MMREPA_PROGRESS_INTERVAL', '0.05')
+            report, log = run_script_here(
+                TOOL, config, ckpt, deploy_cfg, '--out', out, *given, '--cfg-options', *options
+            )
         done[name, backend] = folder, out, report, log, image
         return done[name, backend]
 
@@ -172,6 +174,7 @@ def test_whole_model_exports_and_the_backend_equals_pytorch(name, backend, expor
     assert report['backend'] == backend and report['image'] == osp.abspath(image)
     assert_equal_to_pytorch(name, backend, report, report[f'{backend}_vs_pytorch'])
     assert f'{backend} vs PyTorch' in log
+    assert f'{TOOL}: exporting to ONNX with mmdeploy (running for 0 s)' in log  # progress
     # nothing left beside the output but the checkpoint
     assert sorted(os.listdir(folder)) == ['model.pth', 'out']
 

@@ -46,8 +46,9 @@ def trained(tmp_path_factory, demo_detector):
     return tmp_path_factory.mktemp('quantize'), options, checkpoints[1]
 
 
-def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):
+def test_full_detector_int8_report_metric_and_latency(trained, tmp_path, monkeypatch):
     root, options, ckpt = trained
+    monkeypatch.setenv('MMREPA_PROGRESS_INTERVAL', '0.05')  # a line per 0.05 s of each step
     out, dump = tmp_path / 'det_int8.onnx', tmp_path / 'det.json'
     result, log = run_script_here(
         'tools/quantize.py',
@@ -82,6 +83,8 @@ def test_full_detector_int8_report_metric_and_latency(trained, tmp_path):
     assert set(result['metric']) == {'float32', 'int8'}
     assert set(result['latency_ms']) == {'float32', 'int8'} and result['speedup'] > 0
     assert 'SQNR of INT8 against float32' in log and 'speed-up' in log
+    for running in ('exporting and quantizing the identity-apart full', 'testing the float32 and'):
+        assert f'tools/quantize.py: {running}' in log  # the progress lines of two long steps
     # a QDQ graph with one weight scale per output channel, written where asked
     graph = onnx.load(str(out)).graph
     ops = {n.op_type for n in graph.node}
