@@ -38,6 +38,7 @@ import mmrepa
 from mmrepa.apis import build_model, init_model, load_config
 from mmrepa.checkpoint import save_atomically
 from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.config_paths import ConfigPath
 from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.optional import require
@@ -63,7 +64,7 @@ class CannotExport(Exception):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('config')
+    parser.add_argument('config', action=ConfigPath)
     parser.add_argument('checkpoint')
     parser.add_argument('deploy_cfg', help='an mmdeploy config, e.g. from configs/deploy/')
     parser.add_argument('--out', required=True, help='output directory')

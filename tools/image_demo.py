@@ -82,6 +82,14 @@ def image_tool_parser(
 def missing_inputs(tool: str, args, folders: bool = False) -> list:
     """One line per input file that does not exist (``folders``: the image may be a folder, and
     a tools/deploy.py output folder replace CONFIG CHECKPOINT)."""
+    hint = ''
+    if args.checkpoint is not None and not osp.isfile(args.config):
+        from mmrepa.integrations.cli.config_paths import find_config  # mmrepa, torch: slow
+
+        try:  # a config path from before the configs moved into folders
+            args.config = find_config(args.config)
+        except FileNotFoundError as err:
+            hint = str(err).partition(': no such config file')[2]
     model = [('config', args.config, osp.isfile), ('checkpoint', args.checkpoint, osp.isfile)]
     if folders and args.checkpoint is None:  # DIR IMAGE
         if osp.isfile(args.config):
@@ -89,7 +97,7 @@ def missing_inputs(tool: str, args, folders: bool = False) -> list:
         model = [('tools/deploy.py output folder', args.config, osp.isdir)]
     image = ('image', args.image, lambda p: osp.isfile(p) or folders and osp.isdir(p))
     return [
-        f'{tool}: {what} not found: {path}'
+        f'{tool}: {what} not found: {path}' + (hint if what == 'config' else '')
         for what, path, found in (*model, image)
         if not found(path)
     ]

@@ -52,6 +52,7 @@ from mmrepa.apis import init_model, load_config
 from mmrepa.errors import ConfigError
 from mmrepa.fold import is_foldable
 from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.config_paths import ConfigPath
 from mmrepa.integrations.cli.inputs import check_inputs, config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import (
@@ -107,7 +108,7 @@ def open_session(path: str, backend: str, threads: int = 0):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('config')
+    parser.add_argument('config', action=ConfigPath)
     parser.add_argument('checkpoint')
     parser.add_argument(
         '--backend',

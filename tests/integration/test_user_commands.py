@@ -137,3 +137,19 @@ def test_the_founding_command_trains_and_tests_on_own_data(tmp_path):
     assert 'ReparameterizeHook: folded model verified on a test batch' in log
     with open(metrics) as f:
         assert 'coco/bbox_mAP' in json.load(f)
+
+
+@pytest.mark.parametrize(
+    'script, args, expected',
+    [
+        ('tools/image_demo.py', ['x.pth', 'x.png', '--out-file', 'y.png'], 'checkpoint not found'),
+        ('tools/deploy.py', ['x.pth', 'configs/deploy/x.py', '--out', 'y'], 'no such file: x.pth'),
+        ('tools/quantize.py', ['x.pth'], 'retinanet_repa_swin_t_1x_coco.py missing'),
+    ],
+)
+def test_the_other_tools_find_a_config_under_its_old_path(checkout, script, args, expected):
+    """The old path resolves: what stops these tools is the next input, not the config."""
+    log = refused_before_building(
+        checkout, script, 'configs/retinanet_repa_swin_t_1x_coco.py', *args
+    )
+    assert expected in log and 'config not found' not in log, log

@@ -36,6 +36,8 @@ def closest_configs(path: str, n: int = 3) -> List[str]:
     folder = osp.dirname(path)
     while folder and not osp.isdir(folder):
         folder = osp.dirname(folder)
+    if not folder and osp.dirname(path):  # no folder it names is here: another directory
+        return []
     top = folder or os.curdir
     found = {}
     for visited, (dirpath, dirnames, filenames) in enumerate(os.walk(top)):
