@@ -27,6 +27,7 @@ from .integrations.cli.config_checks import (
     check_types,
 )
 from .integrations.cli.config_paths import find_config
+from .integrations.cli.key_checks import check_keys
 
 
 class TextOnceConfig(Config):
@@ -73,6 +74,7 @@ def load_config(config: str, cfg_options: Optional[dict] = None) -> TextOnceConf
     check_custom_imports(cfg)
     check_classifier(cfg)
     check_types(cfg)
+    check_keys(cfg)  # of what the Runner builds after its print-out
     return cfg
 
 

@@ -103,6 +103,45 @@ def test_train_names_a_bad_option_in_one_line(setup, option, expected):
         assert part in log, log
 
 
+@pytest.mark.parametrize(
+    'option, expected',
+    [
+        (
+            'train_cfg.max_epoch=1',
+            "train_cfg.max_epoch: EpochBasedTrainLoop takes no argument 'max_epoch': did you mean "
+            "'max_epochs'?",
+        ),
+        (
+            'train_dataloader.batchsize=2',
+            "train_dataloader.batchsize: DataLoader takes no argument 'batchsize': did you mean "
+            "'batch_size'?",
+        ),
+        (
+            'optim_wrapper.optimizer.lrr=0.1',
+            "optim_wrapper.optimizer.lrr: AdamW takes no argument 'lrr': did you mean 'lr'?",
+        ),
+        (
+            'default_hooks.checkpoint.intervall=1',
+            "default_hooks.checkpoint.intervall: CheckpointHook takes no argument 'intervall': "
+            "did you mean 'interval'?",
+        ),
+        (
+            'val_evaluator.metrc=bbox',
+            "val_evaluator.metrc: CocoMetric takes no argument 'metrc': did you mean 'metric'?",
+        ),
+        (
+            'param_scheduler.0.begn=0',
+            "param_scheduler.0.begn: LinearLR takes no argument 'begn': did you mean 'begin'?",
+        ),
+    ],
+)
+def test_train_names_a_key_no_runner_part_takes_in_one_line(setup, option, expected):
+    # the loops, data loaders, optimizer, hooks, evaluators and schedulers the Runner builds
+    # after its print-out (issue 37, point 4)
+    log = train_with(setup, option)
+    assert log.strip() == f'tools/train.py: {expected}', log
+
+
 def test_train_names_a_misspelt_or_misordered_class(setup):
     log = train_with(setup, 'train_dataloader.dataset.metainfo.classes=(circle,sqare,triangle)')
     assert "'sqare' not among the categories" in log and "'sqare' -> 'square'" in log, log
@@ -189,6 +228,12 @@ def mmdet_train_error(setup, option):
             "train_dataloader.dataset.metainfo.classes ('cat', 'dog') names none of the 3 "
             'categories of {data}annotations/train.json (circle, square, triangle): the data set '
             'would be empty; use names from the annotation file',
+        ),
+        # raised by EpochBasedTrainLoop as "got an unexpected keyword argument 'max_epoch'"
+        (
+            'train_cfg.max_epoch=1',
+            "train_cfg.max_epoch: EpochBasedTrainLoop takes no argument 'max_epoch': did you mean "
+            "'max_epochs'?",
         ),
         (
             'load_from={other}',

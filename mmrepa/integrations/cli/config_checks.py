@@ -257,6 +257,7 @@ def check_model(cfg: Config, checkpoints: Iterable[Tuple[str, str, Optional[str]
 # ----------------------------------------------- the last resort, in other projects' tools
 
 _REGISTRY_KEY_ERROR = re.compile(r'(\S+) is not in the (\w+)::(\w+) registry')
+_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
 TRACEBACK_HINT = '(mmrepa shortened this error; MMREPA_TRACEBACK=1 shows the traceback)'
 
 
@@ -284,6 +285,17 @@ def _data_problems(err: BaseException, cfg: Config) -> List[str]:
     if isinstance(err, ValueError) and 'need at least one array' in str(err):
         return class_filter_problems(cfg, splits)
     return []
+
+
+def _key_problems(err: BaseException, cfg: Config) -> List[str]:
+    """The key of ``cfg`` behind "got an unexpected keyword argument 'k'" from a loop, data
+    loader, optimizer, scheduler, hook or evaluator the Runner built (see :mod:`.key_checks`)."""
+    from .key_checks import key_problems
+
+    match = _UNEXPECTED_KEYWORD.search(str(err)) if isinstance(err, TypeError) else None
+    if not match:
+        return []
+    return [line for line in key_problems(cfg) if f'no argument {match.group(1)!r}' in line]
 
 
 def _in_context(err: ConfigError, cfg: Optional[Config]) -> str:
@@ -319,8 +331,9 @@ def _unregistered(message: str, cfg: Optional[Config]) -> Optional[str]:
 def explain(err: BaseException, tb=None) -> Optional[str]:
     """The one-line (or one line per problem) account of an uncaught error whose cause is
     known, or ``None``: mmrepa's own errors (their messages name the option and the fix), an
-    unregistered type (with "did you mean"), and, raised inside a Runner, a missing data file
-    or an emptied data set (found by the checks our tools run first)."""
+    unregistered type (with "did you mean"), and, raised inside a Runner, a missing data file,
+    an emptied data set or a key that what it configures does not take (found by the checks
+    our tools run first)."""
     cfg = _runner_config(tb) if tb is not None else None
     if isinstance(err, ConfigError):
         return f'ConfigError: {_in_context(err, cfg)}'
@@ -330,4 +343,4 @@ def explain(err: BaseException, tb=None) -> Optional[str]:
         return _unregistered(str(err.args[0]), cfg)
     if cfg is None:
         return None
-    return '\n'.join(_data_problems(err, cfg)) or None
+    return '\n'.join(_data_problems(err, cfg) + _key_problems(err, cfg)) or None
