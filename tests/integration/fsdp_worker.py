@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.config import Config, ConfigDict
 from mmengine.dist import get_rank
+from mmengine.hooks import Hook
 from mmengine.logging import MessageHub
 from mmengine.optim import build_optim_wrapper
 from mmengine.runner import FlexibleRunner, Runner
@@ -70,7 +71,17 @@ def config(path, work, name, **changes):
     return cfg
 
 
-def sharded(path, work, name, blocks, test=True, wrapper=(), **changes):
+class RecordBatches(Hook):
+    """Keeps the batches this rank trains on, in order."""
+
+    def __init__(self):
+        self.batches = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.batches.append(data_batch)
+
+
+def sharded(path, work, name, blocks, test=True, wrapper=(), hooks=(), **changes):
     strategy = dict(
         type='FoldableFSDPStrategy',
         model_wrapper=dict(
@@ -80,6 +91,8 @@ def sharded(path, work, name, blocks, test=True, wrapper=(), **changes):
     cfg = config(path, work, name, strategy=strategy, **changes)
     with fresh_mmengine_instances():
         runner = FlexibleRunner.from_cfg(cfg)
+        for hook in hooks:
+            runner.register_hook(hook)
         gc.freeze()  # as the tools do (mmrepa.integrations.cli.runner)
         runner.train()
         return runner, runner.strategy.full_model().state_dict(), test and runner.test()
@@ -246,17 +259,19 @@ def main(work, *named):
                 runner = Runner.from_cfg(cfg)
                 runner.train()
                 result['ddp'] = {k: v.clone() for k, v in runner.model.module.state_dict().items()}
+        record = RecordBatches()
         runner, result['fsdp'], result['fsdp_metrics'] = sharded(
-            path, work, f'{name}_fsdp', blocks, load_from=init
+            path, work, f'{name}_fsdp', blocks, hooks=[record], load_from=init
         )
-        result['fsdp_losses'] = losses(runner)
+        result['fsdp_losses'], result['fsdp_batches'] = losses(runner), record.batches
         if 'bf16' in checks:
             bf16 = Config.fromfile(osp.join(ROOT, 'configs/_base_/runtime/fsdp_bf16.py'))
             wrapper = dict(mixed_precision=bf16.strategy.model_wrapper.mixed_precision)
+            record = RecordBatches()
             runner, result['bf16'], result['bf16_metrics'] = sharded(
-                path, work, f'{name}_bf16', blocks, wrapper=wrapper, load_from=init
+                path, work, f'{name}_bf16', blocks, wrapper=wrapper, hooks=[record], load_from=init
             )
-            result['bf16_losses'] = losses(runner)
+            result['bf16_losses'], result['bf16_batches'] = losses(runner), record.batches
             result['init'] = torch.load(init, weights_only=True)['state_dict']
             # as the sharded model holds them: the buffers' dtype, the optimizer's pieces
             result['bf16_buffers'] = {n: b.clone() for n, b in runner.strategy._buffers()}
