@@ -38,7 +38,7 @@ import mmrepa
 from mmrepa.apis import build_model, init_model, load_config
 from mmrepa.checkpoint import save_atomically
 from mmrepa.integrations.cli.args import one_line_errors
-from mmrepa.integrations.cli.config_paths import ConfigPath
+from mmrepa.integrations.cli.config_paths import ConfigPath, find_config
 from mmrepa.integrations.cli.inputs import config_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.optional import require
@@ -364,6 +364,7 @@ def export_and_compare(args, cfg: Config, deploy_cfg: Config, image: str, work_d
 def main(argv=None) -> dict:
     """Returns the report (also DIR/report.json)."""
     args = parse_args(argv)
+    find_config(args.config)  # a missing one: the closest configs
     for path in (args.config, args.checkpoint, args.deploy_cfg, args.image):
         if path is not None and not osp.isfile(path):
             raise FileNotFoundError(f'no such file: {path}')

@@ -58,11 +58,12 @@ def closest_configs(path: str, n: int = 3) -> List[str]:
 
 
 class ConfigPath(argparse.Action):
-    """The ``config`` argument of a tool: :func:`find_config`'s path, or the tool stops with one
-    line (argparse's own error would print the usage first)."""
+    """The ``config`` argument of a tool: where :func:`find_config` finds it, or as given (the
+    tool's first read of it, :func:`mmrepa.apis.load_config`, then names the closest)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
-            setattr(namespace, self.dest, find_config(values))
-        except FileNotFoundError as err:
-            raise SystemExit(f'tools/{parser.prog}: {err}') from None
+            values = find_config(values)
+        except FileNotFoundError:
+            pass
+        setattr(namespace, self.dest, values)
