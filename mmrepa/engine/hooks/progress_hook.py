@@ -24,30 +24,34 @@ class ProgressHook(Hook):
     and one line as each loop starts, with its size. Our tools add it to every run."""
 
     priority = 'VERY_LOW'  # after LoggerHook, to know whether it just logged
-    _STATE = ('_mode', '_total', '_done', '_epoch', '_loop_start', '_loop_done', '_evaluating')
+    _STATE = ('_mode', '_total', '_done', '_epoch', '_loop_start', '_loop_done')
 
     def __init__(self, interval: Optional[float] = None):
         self.interval = interval
         self._heartbeat: Optional[Heartbeat] = None
         self._saved, self._runner_iters, self._logger_interval = None, None, None
-        self._where('train', 0, 0)
+        self._where(None, 0, 0)  # no loop yet: before_train / before_test hooks run (a fold)
 
     # ---------------------------------------------------------------- the state the line shows
 
-    def _where(self, mode: str, total: int, done: int, epoch: Optional[int] = None) -> None:
+    def _where(
+        self, mode: Optional[str], total: int, done: int, epoch: Optional[int] = None
+    ) -> None:
         self._mode, self._total, self._done, self._epoch = mode, total, done, epoch
         self._loop_start = self._iter_start = time.monotonic()
         self._loop_done = 0
-        self._evaluating = False
 
     def line(self) -> str:
         """The progress line of now."""
+        if self._mode is None:
+            return f'preparing the run for {elapsed(time.monotonic() - self._loop_start)}'
         epoch = f'[{self._epoch}]' if self._epoch is not None else ''
         kind = 'Iter' if self._mode == 'train' and self._epoch is None else 'Epoch'
         head = f'{kind}({self._mode}) {epoch}[{self._done}/{self._total}]'
         now = time.monotonic()
-        if self._evaluating:
-            return f'{head}  evaluating for {elapsed(now - self._iter_start)}'
+        if self._done >= self._total > 0:  # evaluating, or saving a checkpoint between epochs
+            after = 'evaluating' if self._mode != 'train' else 'after the last iteration'
+            return f'{head}  {after} for {elapsed(now - self._iter_start)}'
         parts = [head]
         if self._loop_done:
             per_iter = (self._iter_start - self._loop_start) / self._loop_done
@@ -67,6 +71,7 @@ class ProgressHook(Hook):
     def before_run(self, runner) -> None:
         loggers = [h for h in runner.hooks if isinstance(h, LoggerHook)]
         self._logger_interval = loggers[0].interval if loggers else None
+        self._where(None, 0, 0)
         self._heartbeat = Heartbeat(self.line, runner.logger.info, self.interval).start()
 
     def after_run(self, runner) -> None:
@@ -88,8 +93,6 @@ class ProgressHook(Hook):
         self._iter_start = time.monotonic()
         if self._mode == 'train' and self._runner_iters is not None:
             self._runner_iters = (runner.iter + 1, runner.max_iters)
-        if self._done >= self._total and self._mode != 'train':
-            self._evaluating = True
         logged = self._logger_interval and (batch_idx + 1) % self._logger_interval == 0
         if (logged or self._done >= self._total) and self._heartbeat is not None:
             self._heartbeat.touch()

@@ -10,6 +10,8 @@ import time
 import pytest
 import torch
 import torch.nn as nn
+from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import DataLoader
@@ -117,3 +119,38 @@ def test_a_tools_step_names_itself_while_it_runs(monkeypatch, capsys):
         line.startswith('tools/deploy.py: exporting to ONNX (running for ') for line in lines
     ), lines
     assert not progress_threads()
+
+
+class SlowStart(Hook):
+    def before_test(self, runner):  # as ReparameterizeHook folds, verifies and times
+        time.sleep(SLOW)
+
+
+class SlowMetric(BaseMetric):
+    def process(self, data_batch, data_samples):
+        self.results.append(0.0)
+
+    def compute_metrics(self, results):
+        time.sleep(SLOW)
+        return dict(score=0.0)
+
+
+def test_a_test_run_says_when_it_prepares_and_evaluates(tmp_path):
+    data = [dict(inputs=torch.randn(2)) for _ in range(4)]
+    runner = Runner(
+        model=SlowModel(),
+        work_dir=str(tmp_path),
+        test_dataloader=DataLoader(data, batch_size=2, shuffle=False),
+        test_cfg=dict(),
+        test_evaluator=SlowMetric(),
+        default_hooks=dict(logger=dict(type='LoggerHook', interval=100)),
+        custom_hooks=[ProgressHook(interval=INTERVAL), SlowStart()],
+        experiment_name='progress_test',
+    )
+    lines = Lines()
+    runner.logger.addHandler(lines)
+    run(runner, 'test')
+    assert any(line.startswith('preparing the run for ') for line in lines.lines), lines.lines
+    assert 'test: 2 iterations' in lines.lines
+    assert any(line.startswith('Epoch(test) [0/2]  iteration 1 running') for line in lines.lines)
+    assert any(line.startswith('Epoch(test) [2/2]  evaluating for ') for line in lines.lines)
