@@ -16,7 +16,7 @@ from .safe_globals import allow_mmengine_checkpoints
 from .saving import save_atomically
 from .schemes import install_restricted_loader, load_checkpoint_file
 from .stand_ins import ForeignConfig, ForeignNamespace
-from .validation import check_checkpoint, check_state_dict
+from .validation import check_checkpoint, check_state_dict, repeats_values
 
 __all__ = [
     'LoadReport',
@@ -37,5 +37,6 @@ __all__ = [
     'read_restricted',
     'check_checkpoint',
     'check_state_dict',
+    'repeats_values',
     'save_atomically',
 ]

@@ -71,6 +71,15 @@ def check_state_dict(state_dict: Mapping, source: str, where: str = '') -> None:
     _check_metadata(getattr(state_dict, '_metadata', None), source, where)
 
 
+def repeats_values(value: torch.Tensor) -> bool:
+    """A view that shows its stored values more than once (a stride of 0, as ``expand``
+    makes): more values than the file holds, which every full read (a finiteness check, a
+    copy) would materialise. torch.save of a weight never writes one."""
+    if value.device.type == 'meta' or value.element_size() == 0:
+        return False
+    return value.numel() > value.untyped_storage().nbytes() // value.element_size()
+
+
 def _check_tensor(value: Any, what: str) -> None:
     if type(value) not in (torch.Tensor, torch.nn.Parameter):
         raise CheckpointError(
@@ -86,6 +95,12 @@ def _check_tensor(value: Any, what: str) -> None:
         raise CheckpointError(
             f'{what} has {value.dim()} dimensions (shape '
             f'{tuple(value.shape)}); no weight has more than {MAX_DIMS}'
+        )
+    if repeats_values(value):
+        stored = value.untyped_storage().nbytes() // value.element_size()
+        raise CheckpointError(
+            f'{what} is a view showing {stored} stored value(s) as {value.numel()} (shape '
+            f'{tuple(value.shape)}, stride {value.stride()}); weights are saved whole'
         )
     floating = value.is_floating_point() or value.is_complex()
     if floating and value.device.type != 'meta' and not bool(torch.isfinite(value).all()):

@@ -21,7 +21,7 @@ from mmpretrain.datasets.transforms import RandomResizedCrop
 from mmpretrain.registry import TRANSFORMS
 from torchvision.ops import roi_align
 
-from ..checkpoint import read_restricted
+from ..checkpoint import read_restricted, repeats_values
 from ..errors import ConfigError, InputError
 from ..heads.token_label_head import TOKEN_LABEL_KEY
 from .token_label_augment import TokenLabelRandAugment  # noqa: F401 (registers the ops with this import)
@@ -48,6 +48,11 @@ def read_label_map(path: str, num_classes: int) -> Tuple[torch.Tensor, torch.Ten
             raise InputError(f'{path} is not a plain numpy array ({err})') from None
     else:
         data = read_restricted(path, path)
+        if isinstance(data, torch.Tensor) and repeats_values(data):
+            raise InputError(
+                f'{path} holds a view showing its stored values more than once (stride '
+                f'{data.stride()}); a token-label map is saved whole'
+            )
     if not isinstance(data, torch.Tensor) or data.dim() != 4 or data.shape[0] != 2:
         got = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
         raise InputError(f'{path}: a token-label map is {LABEL_LAYOUT}, got {got}')
