@@ -19,6 +19,7 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
+from .checkpoint.loading import refuse_wrong_dtypes
 from .fold import reparameterize
 from .integrations.cli.config_checks import (
     check_checkpoint_fit,
@@ -230,7 +231,11 @@ def init_model(
         if isinstance(getattr(model, 'backbone', None), nn.Module) and osp.isfile(checkpoint):
             # another model's checkpoint: one line, not mmengine's lists of keys
             check_checkpoint_fit(model.backbone, checkpoint, 'checkpoint')
-        loaded = load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+        hook = refuse_wrong_dtypes(model, checkpoint)
+        try:
+            loaded = load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+        finally:
+            hook.remove()
     model.eval()
     if reparam:
         model = reparameterize(model)

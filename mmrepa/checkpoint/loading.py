@@ -109,6 +109,49 @@ def check_shapes(
             )
 
 
+def check_dtypes(
+    module: nn.Module, state_dict: Dict[str, torch.Tensor], source: str = 'checkpoint'
+) -> List[str]:
+    """Raise on the first tensor of ``state_dict`` that cannot be the value of ``module``'s
+    tensor of that name (torch's ``copy_`` would cast it silently): a bool, integer or complex
+    value for a floating-point weight, a complex one for any. Returns the names of floating
+    tensors of another precision (float16, bfloat16, float64), which loading converts."""
+    converted = []
+    for key, own in module.state_dict().items():
+        value = state_dict.get(key)
+        if not isinstance(value, torch.Tensor) or value.dtype == own.dtype:
+            continue
+        if value.is_complex() or (own.is_floating_point() and not value.is_floating_point()):
+            raise CheckpointError(
+                f'{source}: {key} is {value.dtype} in the checkpoint but {own.dtype} in the '
+                'model; loading would cast it (a layer of 0/1, whole numbers or real parts): '
+                'is the file a checkpoint of this model?'
+            )
+        if value.is_floating_point() and own.is_floating_point():
+            converted.append(key)
+    return converted
+
+
+def refuse_wrong_dtypes(model: nn.Module, source: str):
+    """Check every state dict loaded into ``model`` with :func:`check_dtypes` (a pre-hook of
+    its root; mmengine's and torch's loaders both call it), and log the conversions; returns
+    the hook's handle."""
+
+    def hook(module, state_dict, prefix, *args):
+        if prefix:  # the root's call sees the whole state dict
+            return
+        converted = check_dtypes(module, state_dict, source)
+        if converted:
+            kinds = sorted({str(state_dict[k].dtype) for k in converted})
+            print_log(
+                f'{source}: {len(converted)} tensor(s) in {", ".join(kinds)} converted to '
+                "the model's precision",
+                logger='current',
+            )
+
+    return model.register_load_state_dict_pre_hook(hook)
+
+
 def load_state_dict_checked(
     module: nn.Module,
     state_dict: Dict[str, torch.Tensor],
@@ -136,6 +179,7 @@ def load_state_dict_checked(
     own = module.state_dict()
     check_fold_states(module, state_dict)
     check_shapes(module, state_dict, source=source)
+    check_dtypes(module, state_dict, source)
     patterns = list(may_be_missing) + ['*num_batches_tracked']
     missing = [k for k in own if k not in state_dict]
     core = [k for k in missing if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]

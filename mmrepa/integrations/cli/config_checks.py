@@ -224,6 +224,8 @@ def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
     another model. ``where``: the option it comes from, for the message."""
     from mmengine.runner.checkpoint import load_state_dict
 
+    from ...checkpoint.loading import check_dtypes
+
     state = _checkpoint_weights(path)
     own = {k: v for k, v in state.items() if k.startswith('backbone.')}
     model = nn.ModuleDict(dict(backbone=backbone))  # the messages name 'backbone.<key>'
@@ -234,6 +236,7 @@ def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
             f'(its top-level names: {", ".join(found) or "none"}): give a checkpoint of this '
             "config's model, as tools/train.py saves it"
         )
+    check_dtypes(model, own, f'{path} ({where})')
     try:
         load_state_dict(model, own, strict=False, logger='silent')
     except CheckpointError as err:

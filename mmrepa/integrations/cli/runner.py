@@ -15,8 +15,11 @@ counting; only cycles among them would stay.
 import gc
 
 from mmengine.config import Config
+from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
+
+from ...checkpoint.loading import refuse_wrong_dtypes
 
 
 def freeze_loaded_objects() -> None:
@@ -26,12 +29,16 @@ def freeze_loaded_objects() -> None:
 
 def build_runner(cfg: Config) -> Runner:
     """The config's runner (mmengine's ``Runner``, or its ``runner_type``, such as
-    ``FlexibleRunner``) with a :class:`~mmrepa.engine.hooks.ProgressHook`, and the model and
-    modules that building it made frozen."""
+    ``FlexibleRunner``) with a :class:`~mmrepa.engine.hooks.ProgressHook`, a model that refuses
+    checkpoint tensors of another kind (:func:`~mmrepa.checkpoint.loading.refuse_wrong_dtypes`),
+    and the model and modules that building it made frozen."""
     hooks = list(cfg.get('custom_hooks') or [])
     if not any(isinstance(h, dict) and h.get('type') == 'ProgressHook' for h in hooks):
         cfg.custom_hooks = hooks + [dict(type='ProgressHook')]
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if not hasattr(runner, 'strategy'):  # load_from, resume, a tool's CHECKPOINT (not FSDP's)
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        refuse_wrong_dtypes(model, cfg.get('load_from') or 'the checkpoint')
     freeze_loaded_objects()
     return runner
 
