@@ -1,8 +1,9 @@
 """The tools' output guard: an output never replaces an input.
 
 :func:`check_outputs` runs first, before a tool builds anything: it refuses an output path
-that is an input (the checkpoint, the config, an image, a data folder), links to one (a symbolic
-link, or a hard link: the same device and inode) or, for an output folder, holds one. The
+that is an input (the checkpoint, the config, an image, a data folder) or an existing file in an
+input folder (an image of the test data), links to one (a symbolic link, or a hard link: the
+same device and inode) or, for an output folder, holds one. The
 message is one line naming the option, the output and the input. ``--force`` replaces an
 existing output, never an input. The tool then writes through :mod:`mmrepa.utils.files`
 (whole or not at all).
@@ -69,6 +70,16 @@ def _held_input(folder: str, inputs: List[tuple]) -> Optional[Tuple[str, str, st
     return None
 
 
+def _inside_input(out: str, inputs: List[tuple]) -> Optional[Tuple[str, str]]:
+    """(what, path) of an input folder the existing file ``out`` lies in (an image of the test
+    data, a label map): replacing it would change the data."""
+    real = osp.realpath(out)
+    folders = [
+        (len(r), what, path) for what, path, r, _ in inputs if osp.isdir(r) and _within(real, r)
+    ]
+    return max(folders)[1:] if folders else None  # the innermost: the image folder, not the root
+
+
 def _first_existing(folder: str) -> str:
     while not osp.exists(folder) and osp.dirname(folder) != folder:
         folder = osp.dirname(folder)
@@ -116,6 +127,12 @@ def check_outputs(
                     f'{tool}: {option} {out} {how} the input {what} {path}: an '
                     f'output never replaces an input{never}; write it elsewhere'
                 )
+        inside = _inside_input(out, inputs) if not folder and osp.lexists(out) else None
+        if inside:
+            raise InputError(
+                f'{tool}: {option} {out} is a file of the input {inside[0]} {inside[1]}: an '
+                f'output never replaces an input{never}; write it elsewhere'
+            )
         held = _held_input(out, inputs) if osp.isdir(out) else None
         if held:
             what, path, how = held

@@ -1,0 +1,49 @@
+"""No tool writes over a file of its data: an output naming an existing image inside a data
+folder the config reads is refused before anything runs (issue 39, finding 7), as outputs
+over the folders themselves were."""
+
+import os.path as osp
+
+from mmrepa.datasets import make_shapes_coco
+from tests.helpers import DEMO, run_script_here, shapes_cfg_options
+
+
+def test_test_py_will_not_dump_its_metrics_over_a_test_image(tmp_path):
+    data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=1, size=32) + '/'
+    image = osp.join(data, 'val', '00000.png')
+    before = open(image, 'rb').read()
+    checkpoint = tmp_path / 'x.pth'
+    checkpoint.write_bytes(b'')
+    for option in ('--dump-metrics', '--out'):
+        target = image if option == '--dump-metrics' else osp.join(data, 'val', '00000.pkl')
+        if option == '--out':  # an existing file of the data that is not an image
+            open(target, 'wb').close()
+        _, log = run_script_here(
+            'tools/test.py',
+            DEMO,
+            str(checkpoint),
+            option,
+            target,
+            '--work-dir',
+            str(tmp_path / 'work'),
+            '--cfg-options',
+            *shapes_cfg_options(data),
+            ok=False,
+        )
+        assert log.strip() == (
+            f'tools/test.py: {option} {target} is a file of the input test image directory '
+            f'{data}val/: an output never replaces an input; write it elsewhere'
+        ), log
+    assert open(image, 'rb').read() == before
+    # a new file in the data folder replaces nothing: not refused for that
+    _, log = run_script_here(
+        'tools/test.py',
+        DEMO,
+        str(checkpoint),
+        '--dump-metrics',
+        osp.join(data, 'new.json'),
+        '--cfg-options',
+        *shapes_cfg_options(data),
+        ok=False,
+    )
+    assert 'an output never replaces an input' not in log
