@@ -120,15 +120,17 @@ def image_files(args) -> list:
         if not images:
             sys.exit(f'image_demo.py: no image ({", ".join(IMAGE_EXTENSIONS)}) in {args.image}')
     stems = [osp.splitext(osp.basename(i))[0] for i in images]
-    return [
-        (
-            image,
-            osp.join(
-                args.out_dir, (stem if stems.count(stem) == 1 else osp.basename(image)) + '.png'
-            ),
-        )
-        for image, stem in zip(images, stems)
-    ]
+    names = [stem if stems.count(stem) == 1 else osp.basename(i) for i, stem in zip(images, stems)]
+    pairs = [(image, osp.join(args.out_dir, name + '.png')) for image, name in zip(images, names)]
+    drawn = {}
+    for image, out in pairs:  # a.jpg and a.png give a.jpg.png and a.png.png: so does a.jpg.png
+        if out in drawn:
+            sys.exit(
+                f'image_demo.py: {drawn[out]} and {image} would both be drawn to {out}; '
+                'rename one of them or draw them apart'
+            )
+        drawn[out] = image
+    return pairs
 
 
 def parse_args(argv=None):

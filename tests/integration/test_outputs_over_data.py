@@ -47,3 +47,23 @@ def test_test_py_will_not_dump_its_metrics_over_a_test_image(tmp_path):
         ok=False,
     )
     assert 'an output never replaces an input' not in log
+
+
+def test_image_demo_refuses_two_images_drawn_to_one_picture(tmp_path):
+    data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=1, size=32)
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    png = open(osp.join(data, 'val', '00000.png'), 'rb').read()
+    for name in ('a.jpg', 'a.png', 'a.jpg.png'):  # a.jpg -> a.jpg.png, a.png -> a.png.png
+        (folder / name).write_bytes(png)
+    checkpoint = tmp_path / 'x.pth'
+    checkpoint.write_bytes(b'')
+    out = tmp_path / 'drawn'
+    _, log = run_script_here(
+        'tools/image_demo.py', DEMO, str(checkpoint), str(folder), '--out-dir', str(out), ok=False
+    )
+    assert log.strip() == (
+        f'image_demo.py: {folder}/a.jpg and {folder}/a.jpg.png would both be drawn to '
+        f'{out}/a.jpg.png; rename one of them or draw them apart'
+    ), log
+    assert not out.exists()
