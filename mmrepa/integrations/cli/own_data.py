@@ -43,6 +43,7 @@ import copy
 import glob
 import inspect
 import json
+import math
 import os
 import os.path as osp
 from typing import Iterator, List, Optional, Sequence
@@ -199,15 +200,65 @@ def _registered_defaults(scope: str, dataset_type: str) -> dict:
 
 def _read_coco(path: str) -> dict:
     try:
-        with open(path) as f:
+        with open(path, encoding='utf-8') as f:
             coco = json.load(f)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f'--data-root: cannot read {path} as COCO-format JSON: {err}') from None
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested too deep
+        reason = 'nested deeper than Python parses' if isinstance(err, RecursionError) else err
+        raise ConfigError(
+            f'--data-root: cannot read {path} as COCO-format JSON: {reason}'
+        ) from None
     if not isinstance(coco, dict) or not coco.get('categories') or not coco.get('images'):
         raise ConfigError(
             f'--data-root: {path} is not a COCO-format annotation file with images and categories'
         )
+    _check_entries(coco, path)
     return coco
+
+
+# what each entry of a COCO-format file must hold: (list, field, its check, what it must be)
+_FIELDS = (
+    ('categories', 'id', lambda v: isinstance(v, (int, str)) and not isinstance(v, bool), 'an id'),
+    ('categories', 'name', lambda v: isinstance(v, str) and v != '', 'a name'),
+    ('images', 'id', lambda v: isinstance(v, (int, str)) and not isinstance(v, bool), 'an id'),
+    ('images', 'file_name', lambda v: isinstance(v, str) and v != '', 'a file name'),
+)
+
+
+def _check_entries(coco: dict, path: str) -> None:
+    """Every category and image a dict with its fields, unique category ids, every box four
+    finite numbers of positive width and height: one line naming the entry and the field."""
+    for key in ('categories', 'images', 'annotations'):
+        if key in coco and not isinstance(coco[key], list):
+            raise ConfigError(
+                f'--data-root: {path}: {key} is a {type(coco[key]).__name__}, not a list'
+            )
+    for key, field, ok, what in _FIELDS:
+        for i, entry in enumerate(coco[key]):
+            if not isinstance(entry, dict) or not ok(entry.get(field)):
+                found = repr(entry.get(field) if isinstance(entry, dict) else entry)[:60]
+                raise ConfigError(
+                    f'--data-root: {path}: {key}[{i}].{field} must be {what}, not {found}'
+                )
+    seen = {}
+    for i, category in enumerate(coco['categories']):
+        if category['id'] in seen:
+            raise ConfigError(
+                f'--data-root: {path}: categories[{seen[category["id"]]}] and categories[{i}] '
+                f'share the id {category["id"]!r}: each category needs its own'
+            )
+        seen[category['id']] = i
+    for i, ann in enumerate(coco.get('annotations') or ()):
+        box = ann.get('bbox') if isinstance(ann, dict) else None
+        numbers = isinstance(box, list) and len(box) == 4 and all(_finite(v) for v in box)
+        if not (numbers and box[2] > 0 and box[3] > 0):
+            raise ConfigError(
+                f'--data-root: {path}: annotations[{i}].bbox must be [x, y, width, height] '
+                f'with a positive width and height, not {repr(box)[:60]}'
+            )
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _image_prefix(root: str, ann_file: str, split: str, configured, coco: dict) -> str:

@@ -1,0 +1,95 @@
+"""Own COCO-format data validated entry by entry before training: categories that share an id
+(mmdet would map it to the second name and train circles as squares), boxes of no usable size
+(dropped by mmdet, leaving nothing to learn), and malformed entries, each one line naming the
+file, the entry and the field (issue 39, findings 9 and 11)."""
+
+import json
+import os.path as osp
+
+import pytest
+
+from mmrepa.apis import load_config
+from mmrepa.datasets import make_shapes_coco
+from mmrepa.errors import ConfigError
+from mmrepa.integrations.cli.own_data import use_own_data
+from tests.helpers import DEMO
+
+NAN = float('nan')
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    return make_shapes_coco(str(tmp_path_factory.mktemp('own') / 'data'), 2, 2, size=32)
+
+
+def use_with(shapes, tmp_path, change):
+    """use_own_data on a copy of the set whose training file went through ``change``."""
+    root = tmp_path / 'data'
+    (root / 'annotations').mkdir(parents=True)
+    for split in ('train', 'val'):
+        (root / split).symlink_to(osp.join(shapes, split))
+        with open(osp.join(shapes, 'annotations', f'{split}.json')) as f:
+            coco = json.load(f)
+        coco = change(coco) if split == 'train' else coco
+        (root / 'annotations' / f'{split}.json').write_text(
+            coco if isinstance(coco, str) else json.dumps(coco)
+        )
+    return use_own_data(load_config(DEMO), str(root))
+
+
+def set_(coco, key, value):
+    coco[key] = value
+    return coco
+
+
+def first(coco, key, **fields):
+    coco[key][0] = dict(coco[key][0], **fields) if fields else coco[key][0]
+    return coco
+
+
+TRAIN = 'annotations/train.json'
+CASES = {
+    'shared id': (
+        lambda c: first(c, 'categories', id=2),
+        'categories[0] and categories[1] share the id 2',  # circle's id is square's
+    ),
+    'nan box': (
+        lambda c: first(c, 'annotations', bbox=[1, 1, NAN, 4]),
+        'annotations[0].bbox must be [x, y, width, height] with a positive width and height',
+    ),
+    'negative box': (lambda c: first(c, 'annotations', bbox=[1, 1, -3, 4]), 'not [1, 1, -3, 4]'),
+    'category without name': (
+        lambda c: set_(c, 'categories', [{'id': 1}]),
+        'categories[0].name must be a name, not None',
+    ),
+    'categories as strings': (
+        lambda c: set_(c, 'categories', ['circle']),
+        "categories[0].id must be an id, not 'circle'",
+    ),
+    'categories as a dict': (
+        lambda c: set_(c, 'categories', {'1': 'circle'}),
+        'categories is a dict, not a list',
+    ),
+    'unhashable id': (lambda c: first(c, 'categories', id=[1]), 'categories[0].id must be an id'),
+    'image without file name': (
+        lambda c: set_(c, 'images', [{'id': 1}]),
+        'images[0].file_name must be a file name, not None',
+    ),
+    'annotations not a list': (
+        lambda c: set_(c, 'annotations', {'a': 1}),
+        'annotations is a dict, not a list',
+    ),
+    'nested 100000 deep': (
+        lambda c: json.dumps(c)[:-1] + ', "x": ' + '[' * 100000 + ']' * 100000 + '}',
+        'nested deeper than Python parses',
+    ),
+}
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_a_malformed_training_file_is_one_line(shapes, tmp_path, case):
+    change, message = CASES[case]
+    with pytest.raises(ConfigError) as err:
+        use_with(shapes, tmp_path, change)
+    assert message in str(err.value) and '\n' not in str(err.value), str(err.value)
+    assert str(tmp_path / 'data' / TRAIN) in str(err.value)
