@@ -25,6 +25,13 @@ from mmrepa.backbones import (
 from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
 from tests.helpers import TINY_ARCH, randomize_
 
+# Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
+# for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
+# to the largest output. The bound is u64 = 2^-53 ≈ 1.1e-16 times a size factor: a reduction
+# of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
+# 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
+# A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
+
 META = dict(depths=(1, 1, 2, 1), dims=(16, 32, 48, 64))
 MIXER = dict(embed_dims=16, num_layers=3, tokens_mlp_dims=8, channels_mlp_dims=40, patch_size=8)
 BACKBONES = {
