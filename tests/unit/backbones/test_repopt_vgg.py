@@ -21,6 +21,16 @@ from mmrepa.utils import complexity
 from tests.helpers import REPOPT_VGG_TINY as TINY
 from tests.helpers import ROOT, csla_model_like, random_scales, randomize_, target_scales
 
+# Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
+# for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
+# to the largest output. The bound is u64 = 2^-53 ≈ 1.1e-16 times a size factor: a reduction
+# of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
+# 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
+# A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
+# Float32 comparisons at 1e-4 ≈ 1680·u32 of the output's scale (u32 times the summed 3x3
+# reductions, 9·C_in each, through the stages; observed ≤ 0.001 of it); float32 scales set to
+# a float64 constant at rtol 1e-7 (one rounding, u32 = 6e-8).
+
 SCALES = osp.join(osp.dirname(ROOT), 'shared', 'repopt-scales')
 
 
@@ -136,16 +146,22 @@ def test_multiplier_is_the_squared_jacobian_of_the_branches(c_in, c_out, stride)
     assert torch.equal(JJt, torch.diag(torch.diagonal(JJt)))
     ((weight, branches),) = _target_like(csla).repopt_branch_scales().items()
     mult = (branches.double() ** 2).sum(0)
-    torch.testing.assert_close(torch.diagonal(JJt).view(weight.shape), mult, rtol=0, atol=1e-6)
+    # csla is float64; repopt_branch_scales gives its scales rounded once to float32, so mult's
+    # entries are fl32(s)² (+ fl32(t)², + 1), each square within (1 + u32)² - 1 = 2u + u² of the
+    # float64 one (u32 = 2^-24); float64 sums and differences of at most 3 such terms add 4·u64
+    rounding = 2 * 2.0**-24 + 2.0**-48 + 4 * 2.0**-53
+    torch.testing.assert_close(torch.diagonal(JJt).view(weight.shape), mult, rtol=rounding, atol=0)
     # the scales index output channels: s_c scales row c of M
     s = csla.scale_conv.weight
     torch.testing.assert_close(
-        mult[:, :, 0, 0], (s**2).view(-1, 1).expand(-1, c_in).to(mult), rtol=1e-6, atol=0
+        mult[:, :, 0, 0], (s**2).view(-1, 1).expand(-1, c_in).to(mult), rtol=rounding, atol=0
     )
-    centre = mult[:, :, 1, 1] - mult[:, :, 0, 0]
+    centre = mult[:, :, 1, 1] - mult[:, :, 0, 0]  # the float64 cancellation: u64 of the larger
     eye = torch.eye(c_out, c_in, dtype=mult.dtype) if csla.has_identity else 0
     expected = ((csla.scale_1x1.weight**2).view(-1, 1) + eye).expand_as(centre).to(mult)
-    torch.testing.assert_close(centre, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        centre, expected, rtol=rounding, atol=4 * 2.0**-53 * mult.abs().max().item()
+    )
 
 
 @pytest.mark.parametrize('identity_init', ['searched', 'one'])
