@@ -24,6 +24,7 @@ output.
 """
 
 import contextlib
+import io
 import os.path as osp
 
 from mmengine.dist import is_main_process
@@ -99,6 +100,31 @@ def show_predictions(cfg, show_dir: str) -> None:
         hook.update(enable=True, out_dir=show_dir, interval=1)
 
 
+def check_picture_names(cfg, show_dir: str) -> None:
+    """mmdet's hook saves each test image's picture as DIR/<the image's file name>: refuse a
+    test set where two images (in different folders) have the same name, before testing."""
+    import copy
+
+    from mmdet.registry import DATASETS
+    from mmengine.registry import DefaultScope
+
+    dataset = copy.deepcopy(cfg.test_dataloader.dataset)
+    # pycocotools prints its progress: errors before noise
+    with DefaultScope.overwrite_default_scope('mmdet'), contextlib.redirect_stdout(io.StringIO()):
+        dataset = DATASETS.build(dataset)
+    seen = {}
+    for i in range(len(dataset)):
+        path = dataset.get_data_info(i)['img_path']
+        name = osp.basename(path)
+        if name in seen and seen[name] != path:
+            raise ConfigError(
+                f'--show-dir: the test images {seen[name]} and {path} would both be drawn to '
+                f"{osp.join(show_dir, name)} (mmdet's hook names a picture by its image's file "
+                'name): rename one of them'
+            )
+        seen[name] = path
+
+
 def check_pickle_name(out: str) -> None:
     if not out.endswith(('.pkl', '.pickle')):
         raise ConfigError(f'--out {out}: the predictions are dumped as a pickle; name a .pkl file')
@@ -147,6 +173,8 @@ def run_test(cfg, args, temporaries: contextlib.ExitStack) -> None:
     and moved into place when it closes without an error."""
     # the ranks of a distributed run draw into one folder: DIR itself, not a temporary each
     distributed = cfg.get('launcher', 'none') != 'none'
+    if args.show_dir and cfg.get('default_scope') == 'mmdet':
+        check_picture_names(cfg, args.show_dir)
     if args.show_dir:
         show_predictions(
             cfg,

@@ -67,3 +67,46 @@ def test_image_demo_refuses_two_images_drawn_to_one_picture(tmp_path):
         f'{out}/a.jpg.png; rename one of them or draw them apart'
     ), log
     assert not out.exists()
+
+
+def test_show_dir_refuses_test_images_of_one_name(tmp_path):
+    import json
+    import shutil
+
+    import torch
+
+    from mmrepa.apis import init_model
+
+    data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=2, size=32)
+    path = osp.join(data, 'annotations', 'val.json')
+    with open(path) as f:
+        coco = json.load(f)
+    for folder, image in zip(('a', 'b'), coco['images']):  # a/0.png and b/0.png
+        os_folder = osp.join(data, 'val', folder)
+        shutil.os.makedirs(os_folder)
+        shutil.copy(osp.join(data, 'val', image['file_name']), osp.join(os_folder, '0.png'))
+        image['file_name'] = f'{folder}/0.png'
+    with open(path, 'w') as f:
+        json.dump(coco, f)
+    checkpoint = str(tmp_path / 'model.pth')
+    torch.save(dict(state_dict=init_model(DEMO).state_dict()), checkpoint)
+    show = tmp_path / 'show'
+    _, log = run_script_here(
+        'tools/test.py',
+        DEMO,
+        checkpoint,
+        '--show-dir',
+        str(show),
+        '--work-dir',
+        str(tmp_path / 'work'),
+        '--cfg-options',
+        *shapes_cfg_options(data + '/'),
+        ok=False,
+    )
+    val = osp.join(data, 'val')
+    assert log.strip().splitlines()[-1] == (
+        f'tools/test.py: --show-dir: the test images {val}/a/0.png and {val}/b/0.png would both '
+        f"be drawn to {show}/0.png (mmdet's hook names a picture by its image's file name): "
+        'rename one of them'
+    ), log[-2000:]
+    assert not show.exists()
