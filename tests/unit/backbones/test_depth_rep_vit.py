@@ -19,6 +19,17 @@ from tests.helpers import (
     reference_block,
 )
 
+# Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
+# for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
+# to the largest output. The bound is u64 = 2^-53 ≈ 1.1e-16 times a size factor: a reduction
+# of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
+# 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
+# A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
+# Float32 folded model against the float64 formula at 1e-5 ≈ 168·u32 of the output's scale
+# (u32 times a size factor of the reductions through the model; observed ≤ 0.11 of it on both
+# kernel settings); mmpretrain's float32 position-embedding interpolation at 1e-6 ≈ 17·u32
+# (bicubic: 16-term sums; observed ≤ 0.02 of it).
+
 F64 = torch.float64
 JOINS = ('logits', 'qkv')
 # 2 original layers, 4 heads of 6: small, still multi-head and multi-block at n = 1

@@ -13,6 +13,15 @@ from mmrepa.errors import CheckpointError, ConfigError, InputError
 from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
 
+# Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
+# for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
+# to the largest output. The bound is u64 = 2^-53 ≈ 1.1e-16 times a size factor: a reduction
+# of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
+# 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
+# A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
+# Float32 fold at 1e-5 ≈ 168·u32 of the output's scale: u32 times a size factor of the token-
+# and channel-mixing reductions in two orders; observed ≤ 0.04 of it on both kernel settings.
+
 # awkward sizes: 5x7 patches of 8 (35 tokens), hidden widths 10 and 56 (idle 0.7 leaves
 # ceil(16.8) = 17 active channels), three blocks
 TINY = dict(embed_dims=24, num_layers=3, tokens_mlp_dims=10, channels_mlp_dims=56, patch_size=8)

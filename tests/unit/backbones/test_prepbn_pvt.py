@@ -14,6 +14,15 @@ from mmrepa.errors import CheckpointError, ConfigError
 from mmrepa.layers import PRepBN
 from tests.helpers import TINY_ARCH, randomize_
 
+# Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
+# for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
+# to the largest output. The bound is u64 = 2^-53 ≈ 1.1e-16 times a size factor: a reduction
+# of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
+# 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
+# A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
+# Float32 fold at 1e-5 ≈ 168·u32 of the output's scale: u32 times a size factor of the
+# reductions through the stages in two orders; observed ≤ 0.06 of it on both kernel settings.
+
 # mmdet's argument names; 8 channels per head, stage widths 8, 16, 16, 32
 KW = dict(embed_dims=8, num_layers=[1, 2, 1, 1], num_heads=[1, 2, 2, 4], pretrain_img_size=224)
 SIZE = (2, 3, 75, 83)  # odd sides: every patch embedding and reduction drops a remainder

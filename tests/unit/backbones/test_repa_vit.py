@@ -11,6 +11,15 @@ from mmrepa.engine.hooks import PRepBNScheduleHook
 from mmrepa.errors import CheckpointError, ConfigError
 from tests.helpers import TINY_ARCH, randomize_
 
+# Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
+# for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
+# to the largest output. The bound is u64 = 2^-53 ≈ 1.1e-16 times a size factor: a reduction
+# of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
+# 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
+# A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
+# Float32 fold at 1e-5 ≈ 168·u32 of the output's scale: u32 times a size factor of the
+# reductions (C, 4C, the tokens) in two orders; observed ≤ 0.045 of it on both kernel settings.
+
 ARCH = dict(embed_dims=24, num_layers=3, num_heads=3)
 SMALL = dict(img_size=32, patch_size=8, drop_path_rate=0.0)
 # LV-ViT's structure (RePaViT's 'lv-vit-s' options) at a small size
