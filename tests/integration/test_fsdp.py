@@ -20,7 +20,6 @@ import sys
 import pytest
 import torch
 from mmengine.config import Config
-from torch.overrides import TorchFunctionMode
 
 from mmrepa.apis import build_model
 from mmrepa.checkpoint import load_checkpoint_file
@@ -29,6 +28,7 @@ from tests.helpers import (
     ROOT,
     TINY_ARCH,
     free_port,
+    rounding_condition,
     run,
     run_script_here,
     tiny_classifier_config,
@@ -190,24 +190,6 @@ def test_bf16_mixed_precision(launch):
             assert error <= bound, (name, iteration, error, bound, reference)
 
 
-class KeepResults(TorchFunctionMode):
-    """Keeps every floating tensor an operation makes (not views: no rounding), with its
-    gradient."""
-
-    def __init__(self):
-        super().__init__()
-        self.tensors = {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.requires_grad and t._base is None:
-                if id(t) not in self.tensors and t.is_floating_point():
-                    t.retain_grad()
-                    self.tensors[id(t)] = t
-        return out
-
-
 def float64_loss(config, weights, batch):
     """The training loss of ``weights`` on ``batch`` (BatchNorm on the batch's statistics) in
     float64, and kappa = sqrt(sum (dL/dt * t)^2) over the weights, the input and every result
@@ -215,14 +197,11 @@ def float64_loss(config, weights, batch):
     model = build_model(Config.fromfile(config)).double().train()
     model.load_state_dict(weights)
     data = model.data_preprocessor(batch, True)
-    inputs = data['inputs'].double().requires_grad_()
-    inputs.retain_grad()
-    with KeepResults() as kept:
-        loss = sum(model(inputs, data['data_samples'], mode='loss').values())
-    loss.backward()
-    tensors = [inputs, *kept.tensors.values(), *model.parameters()]
-    kappa = sum(float((t.grad * t).detach().square().sum()) for t in tensors if t.grad is not None)
-    return float(loss.detach()), kappa**0.5
+    return rounding_condition(
+        lambda x: sum(model(x, data['data_samples'], mode='loss').values()),
+        model,
+        data['inputs'].double(),
+    )
 
 
 @pytest.mark.parametrize('optimizer', ['sgd', 'adamw'])
