@@ -8,6 +8,9 @@
 #              ATen without vector instructions, oneDNN capped at AVX2 (no AVX-512, VNNI, bf16,
 #              AMX). These switches only lower; a bound that holds here and on the native kernels
 #              is not fitted to one CPU (docs/troubleshooting.md, "Other CPUs")
+# make test-cuda - the tests marked `cuda` (tests/integration/test_cuda_tier.py: AMP, DDP / SyncBN
+#              over NCCL, FSDP, folds, BN recalibration, ONNX export on the GPU); without CUDA they
+#              skip, or run on the CPU with MMREPA_TEST_DEVICE=cpu (=cuda: fail without CUDA)
 # make lint  - ruff's checks and its formatter's check (ruff.toml); `make format` rewrites
 # make docs  - install what is missing (with the docs requirements), then build docs/ into
 #              docs/_build/html, strictly (warnings and broken cross-references are errors)
@@ -21,7 +24,7 @@ BASE_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install install-tests demo test test-fast test-kernels lint format docs clean
+.PHONY: install install-tests demo test test-fast test-kernels test-cuda lint format docs clean
 
 $(VENV)/bin/python:
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -54,6 +57,11 @@ test-fast: lint
 KERNELS_TESTS := tests/unit tests/integration/test_fsdp.py tests/integration/test_benchmark_precision.py
 test-kernels: install-tests
 	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(PYTHON) -m pytest $(KERNELS_TESTS) -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# no install step: a GPU machine's environment is made apart (mmdet's and mmseg's models need
+# mmcv's CUDA ops); the tier imports torch, mmengine, mmcv without ops and mmrepa only
+test-cuda:
+	MMREPA_TEST_DEVICE=$${MMREPA_TEST_DEVICE:-} $(PYTHON) -m pytest tests -m cuda $(PYTEST_ARGS)
 
 docs: install-tests
 	$(PYTHON) -m sphinx -W --keep-going -n -b html docs docs/_build/html

@@ -1,9 +1,11 @@
 """Fixtures, and the tier of each test: ``unit`` under tests/unit (mirrors the package; fast,
 in this process), ``integration`` under tests/integration (tools as a user runs them, the
 Runner, DDP, mmdeploy, the demo, the docs build). ``make test-fast`` runs the unit tier,
-``make test`` both; ``-m unit`` / ``-m integration`` select a tier too. Shared functions are
-in helpers.py."""
+``make test`` both; ``-m unit`` / ``-m integration`` select a tier too. Across them, the tests
+marked ``cuda`` (``make test-cuda``) run on the GPU through the ``device`` fixture, and the run
+ends with a line that counts them apart. Shared functions are in helpers.py."""
 
+import collections
 import contextlib
 import fcntl
 import gc
@@ -158,3 +160,69 @@ def demo_detector(tmp_path_factory):
             # validation during training saw the unfolded model and left it unfolded
             assert hasattr(runner.model.backbone.stages[0].blocks[0].ffn, 'fc1')
     return data_root, {epoch: osp.join(work_dir, f'epoch_{epoch}.pth') for epoch in (1, 2)}
+
+
+# ------------------------------------------------------------------- the cuda tier (-m cuda)
+
+CUDA_TIER_SKIP = 'needs CUDA (or MMREPA_TEST_DEVICE=cpu)'
+_cuda_tier = {}  # nodeid -> (outcome, device or None), for the summary line
+
+
+@pytest.fixture
+def device(request):
+    """Where a test marked ``cuda`` runs: 'cuda' when torch has CUDA; else 'cpu' when
+    ``MMREPA_TEST_DEVICE=cpu`` (the same tests forced onto the CPU, so that their code is not
+    untested here); else the test is skipped. ``MMREPA_TEST_DEVICE=cuda`` makes CUDA required:
+    without it the tests fail instead of skipping (a GPU job whose torch lost CUDA)."""
+    import torch
+
+    wanted = os.environ.get('MMREPA_TEST_DEVICE', '')
+    if wanted not in ('', 'cpu', 'cuda'):
+        pytest.fail(f"MMREPA_TEST_DEVICE must be 'cpu', 'cuda' or unset, got {wanted!r}")
+    if torch.cuda.is_available():
+        found = 'cuda'
+    elif wanted == 'cuda':
+        pytest.fail(
+            f'MMREPA_TEST_DEVICE=cuda, but torch {torch.__version__} finds no CUDA device '
+            f'(built for CUDA {torch.version.cuda})'
+        )
+    elif wanted == 'cpu':
+        found = 'cpu'
+    else:
+        pytest.skip(CUDA_TIER_SKIP)
+    request.node.user_properties.append(('cuda_tier_device', found))
+    return torch.device(found)
+
+
+def pytest_runtest_logreport(report):
+    if 'cuda' not in report.keywords:
+        return
+    outcome, where = _cuda_tier.get(report.nodeid, ('passed', None))
+    where = dict(report.user_properties).get('cuda_tier_device', where)
+    if report.failed and outcome != 'failed':
+        outcome = 'failed' if report.when == 'call' else 'error'
+    elif report.skipped and outcome == 'passed':
+        outcome = 'skipped'
+    _cuda_tier[report.nodeid] = (outcome, where)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """'cuda tier: 11 passed on cuda' / '11 skipped (no CUDA)' / '9 passed, 2 skipped on cpu
+    (forced)': what ran of the tier, and where (under xdist too: the reports carry both)."""
+    if not _cuda_tier:
+        return
+    counts = collections.Counter(outcome for outcome, _ in _cuda_tier.values())
+    said = ', '.join(
+        f'{counts[o]} {o}' for o in ('passed', 'failed', 'error', 'skipped') if counts[o]
+    )
+    where = {w for _, w in _cuda_tier.values() if w}
+    place = (
+        '(no CUDA)'
+        if not where
+        else 'on cuda'
+        if where == {'cuda'}
+        else 'on cpu (forced)'
+        if where == {'cpu'}
+        else 'on ' + ' and '.join(sorted(where))
+    )
+    terminalreporter.write_line(f'cuda tier: {said} {place}')
