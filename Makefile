@@ -59,9 +59,10 @@ test-kernels: install-tests
 	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1 $(PYTHON) -m pytest $(KERNELS_TESTS) -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # no install step: a GPU machine's environment is made apart (mmdet's and mmseg's models need
-# mmcv's CUDA ops); the tier imports torch, mmengine, mmcv without ops and mmrepa only
+# mmcv's CUDA ops); the tier imports torch, mmengine, mmcv without ops and mmrepa only. One CPU
+# thread: forced onto a loaded 2-core CPU, 2 threads took 82 s instead of 8
 test-cuda:
-	MMREPA_TEST_DEVICE=$${MMREPA_TEST_DEVICE:-} $(PYTHON) -m pytest tests -m cuda $(PYTEST_ARGS)
+	MMREPA_TEST_DEVICE=$${MMREPA_TEST_DEVICE:-} OMP_NUM_THREADS=1 $(PYTHON) -m pytest tests -m cuda $(PYTEST_ARGS)
 
 docs: install-tests
 	$(PYTHON) -m sphinx -W --keep-going -n -b html docs docs/_build/html
