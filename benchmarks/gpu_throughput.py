@@ -605,6 +605,8 @@ def format_table(result: dict) -> str:
 def run(args, argv) -> dict:
     machine = machine_info()  # the load average as the measurement starts
     device = torch.device(args.device)
+    if device.type == 'cuda' and device.index is None:  # set_device needs an index
+        device = torch.device('cuda', torch.cuda.current_device())
     flush = device.type == 'cpu' and torch.set_flush_denormal(True)
     if device.type == 'cuda':
         torch.cuda.set_device(device)
