@@ -25,6 +25,7 @@ from .integrations.cli.config_checks import (
     check_checkpoint_fit,
     check_classifier,
     check_custom_imports,
+    check_parts,
     check_types,
 )
 from .integrations.cli.config_paths import find_config
@@ -72,6 +73,7 @@ def load_config(config: str, cfg_options: Optional[dict] = None) -> TextOnceConf
     cfg = TextOnceConfig.of(Config.fromfile(find_config(config)))
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
+    check_parts(cfg)
     check_custom_imports(cfg)
     check_classifier(cfg)
     check_types(cfg)

@@ -86,6 +86,10 @@ def train_with(setup, *options):
             ['model.backbone (RePaSwin): out_indices (1, 2, 4)', 'in [0, 3]'],
         ),
         ('model.backbone.idle_ratio=1.5', ['model.backbone (RePaSwin): idle_ratio', 'got 1.5']),
+        *(  # a whole part replaced by a value (issue 39: AttributeError tracebacks)
+            (f'{part}=1', [f'{part} is 1 (of type int), not a dict of options: set its keys'])
+            for part in ('model', 'model.backbone', 'test_dataloader', 'optim_wrapper')
+        ),
         (
             'train_dataloader.dataset.metainfo.classes=(cat,dog)',
             [

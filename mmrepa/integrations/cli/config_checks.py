@@ -124,6 +124,35 @@ def unknown_types(cfg: Config) -> List[str]:
     return problems
 
 
+# config parts the Runner and the model builders read as dicts of options (None: not used)
+DICT_PARTS = (
+    'model',
+    'model.backbone',
+    'model.data_preprocessor',
+    *(f'{split}_dataloader' for split in ('train', 'val', 'test')),
+    *(f'{split}_dataloader.dataset' for split in ('train', 'val', 'test')),
+    *(f'{split}_cfg' for split in ('train', 'val', 'test')),
+    'optim_wrapper',
+    'optim_wrapper.optimizer',
+    'default_hooks',
+    'env_cfg',
+)
+
+
+def check_parts(cfg: Config) -> None:
+    """Refuse a part of the config that is no dict (``--cfg-options model=1``), which the
+    Runner and the checks would meet as an AttributeError deep inside: one line naming it."""
+    for key in DICT_PARTS:
+        node = cfg
+        for name in key.split('.'):
+            node = node.get(name) if isinstance(node, (dict, Config)) else None
+        if node is not None and not isinstance(node, dict):
+            raise ConfigError(
+                f'{key} is {repr(node)[:40]} (of type {type(node).__name__}), not a dict of '
+                f'options: set its keys ({key}.KEY=VALUE), not the part itself'
+            )
+
+
 def check_types(cfg: Config) -> None:
     """Raise :class:`ConfigError`, one line per unknown model type (see :func:`unknown_types`)."""
     problems = unknown_types(cfg)
