@@ -402,8 +402,14 @@ def _segmentation_classes(root: str, classes) -> List[str]:
             f'--classes a,b,c or write {path} (one name a line, the class of '
             'label value 1 first for ADE20K-style maps, where 0 is ignored)'
         )
-    with open(path) as f:
-        names = [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, encoding='utf-8') as f:
+            names = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f'--data-root: {path} is not UTF-8 text (byte {err.start}): save the class names '
+            'as UTF-8, one a line'
+        ) from None
     if not names:
         raise ConfigError(f'--data-root: {path} names no class')
     return names
@@ -420,6 +426,18 @@ def _suffix(files: Sequence[str], configured: str, path: str) -> str:
         raise ConfigError(f'--data-root: no image in {path}')
     ext = found.most_common(1)[0][0]
     return next(osp.splitext(f)[1] for f in files if osp.splitext(f)[1].lower() == ext)
+
+
+def _image_size(path: str) -> tuple:
+    """The size of an image file from its header (nothing decoded); one line if it is none, or
+    larger than PIL decodes (its decompression-bomb limit)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.size
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise ConfigError(f'--data-root: {path} is not an image PIL reads ({err})') from None
 
 
 def _check_labels(
@@ -484,6 +502,9 @@ def _segmentation(cfg: Config, root: str, classes):
                 found.append(f'{split}: not found')
                 continue
             images, labels = (_files(osp.join(root, p)) for p in pair)
+            for folder, listed in zip(pair, (images, labels)):  # headers only: cheap
+                for name in (n for n in listed if n.lower().endswith(IMAGE_EXTENSIONS)):
+                    _image_size(osp.join(root, folder, name))  # not an image: here, not later
             settings['img_suffix'] = _suffix(
                 images, settings['img_suffix'], osp.join(root, pair[0])
             )

@@ -1,18 +1,20 @@
-"""Own COCO-format data validated entry by entry before training: categories that share an id
+"""Own data validated entry by entry before training: categories that share an id
 (mmdet would map it to the second name and train circles as squares), boxes of no usable size
 (dropped by mmdet, leaving nothing to learn), and malformed entries, each one line naming the
 file, the entry and the field (issue 39, findings 9 and 11)."""
 
 import json
+import os
 import os.path as osp
+import shutil
 
 import pytest
 
 from mmrepa.apis import load_config
-from mmrepa.datasets import make_shapes_coco
+from mmrepa.datasets import make_shapes_ade20k, make_shapes_coco
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.own_data import use_own_data
-from tests.helpers import DEMO
+from tests.helpers import DEMO, ROOT
 
 NAN = float('nan')
 
@@ -93,3 +95,47 @@ def test_a_malformed_training_file_is_one_line(shapes, tmp_path, case):
         use_with(shapes, tmp_path, change)
     assert message in str(err.value) and '\n' not in str(err.value), str(err.value)
     assert str(tmp_path / 'data' / TRAIN) in str(err.value)
+
+
+@pytest.fixture(scope='module')
+def ade(tmp_path_factory):
+    root = make_shapes_ade20k(str(tmp_path_factory.mktemp('own') / 'ade'), 2, 2)
+    with open(osp.join(root, 'classes.txt'), 'w') as f:
+        f.write('ground\nround\nbox\nwedge\n')
+    return root
+
+
+UPERNET = osp.join(ROOT, 'configs', 'demo', 'upernet_repa_convformer_shapes.py')
+
+
+def ade_copy(ade, tmp_path):
+    root = str(tmp_path / 'ade')
+    shutil.copytree(ade, root)
+    return root
+
+
+def test_a_label_map_that_is_no_image_is_one_line(ade, tmp_path):
+    root = ade_copy(ade, tmp_path)
+    folder = osp.join(root, 'annotations', 'training')
+    bad = osp.join(folder, sorted(os.listdir(folder))[-1])
+    with open(bad, 'w') as f:
+        f.write('not a png')
+    with pytest.raises(ConfigError, match=rf'{bad} is not an image PIL reads \(cannot identify'):
+        use_own_data(load_config(UPERNET), root)
+
+
+def test_a_decompression_bomb_is_one_line(ade, tmp_path, monkeypatch):
+    from PIL import Image
+
+    root = ade_copy(ade, tmp_path)
+    monkeypatch.setattr(Image, 'MAX_IMAGE_PIXELS', 100)  # 48 x 48 maps: past twice that
+    with pytest.raises(ConfigError, match=r'is not an image PIL reads \(Image size \(2304 pixels'):
+        use_own_data(load_config(UPERNET), root)
+
+
+def test_a_class_list_that_is_not_utf8_is_one_line(ade, tmp_path):
+    root = ade_copy(ade, tmp_path)
+    with open(osp.join(root, 'classes.txt'), 'wb') as f:
+        f.write('ground\nr\xf6und\nbox\nwedge\n'.encode('latin-1'))
+    with pytest.raises(ConfigError, match=r'classes.txt is not UTF-8 text \(byte 8\)'):
+        use_own_data(load_config(UPERNET), root)
