@@ -10,6 +10,7 @@ rotations, shears and translations move the map with the image in the release to
 :mod:`mmrepa.datasets.token_label_augment` (registered by importing this module).
 """
 
+import math
 import os.path as osp
 from typing import Sequence, Tuple, Union
 
@@ -32,6 +33,32 @@ LABEL_LAYOUT = (
 )
 
 
+def _read_npy(path: str) -> np.ndarray:
+    """A ``.npy`` file of real numbers, its header checked against the file's size before any
+    value is read (a header may declare 2**40 values), in the machine's byte order; one line
+    for anything else (pickled objects, records, strings, complex numbers, a short file)."""
+    fmt = np.lib.format
+    try:
+        with open(path, 'rb') as f:
+            version = fmt.read_magic(f)
+            if version not in ((1, 0), (2, 0)):  # 3.0: for non-latin-1 record field names
+                raise ValueError(f'format version {version[0]}.{version[1]}')
+            read_header = (
+                fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(f)
+            offset = f.tell()
+        if dtype.kind not in 'biuf' or dtype.fields is not None:
+            raise ValueError(f'its values are {dtype} (numbers are needed)')
+        size = math.prod(shape) * dtype.itemsize
+        if size > osp.getsize(path) - offset:
+            raise ValueError(f'its header declares {shape} of {dtype}, more than the file holds')
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as err:  # np.load's, for a file of another kind
+        raise InputError(f'{path} is not a plain numpy array of numbers ({err})') from None
+    return array.astype(array.dtype.newbyteorder('='), copy=False)
+
+
 def read_label_map(path: str, num_classes: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(scores (k, h, w) float32, classes (k, h, w) int64) of a label file: ``.npy`` read with
     ``allow_pickle=False``, anything else as a file torch saved, without running code
@@ -42,10 +69,7 @@ def read_label_map(path: str, num_classes: int) -> Tuple[torch.Tensor, torch.Ten
             "<class folder>/<image name> with the label suffix (LV-ViT's label files)"
         )
     if path.endswith('.npy'):
-        try:
-            data = torch.from_numpy(np.load(path, allow_pickle=False))
-        except ValueError as err:  # object arrays need pickle
-            raise InputError(f'{path} is not a plain numpy array ({err})') from None
+        data = torch.from_numpy(_read_npy(path))
     else:
         data = read_restricted(path, path)
         if isinstance(data, torch.Tensor) and repeats_values(data):

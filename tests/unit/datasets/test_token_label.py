@@ -14,7 +14,7 @@ from mmcv.transforms.utils import cache_random_params
 from mmengine.registry import DefaultScope
 from mmpretrain.datasets.transforms import RandAugment, Rotate, Shear, Translate
 
-from mmrepa.datasets.token_label import TokenLabelCropFlip, crop_label_map
+from mmrepa.datasets.token_label import TokenLabelCropFlip, crop_label_map, read_label_map
 from mmrepa.datasets.token_label_augment import (
     TokenLabelRandAugment,
     TokenLabelRotate,
@@ -355,3 +355,52 @@ def test_the_lvvit_configs_commented_pipeline_moves_the_labels(tmp_path):
             break
     else:
         raise AssertionError('no seed moved the labels')
+
+
+def write_npy(path, array=None, header=None, data=b''):
+    """An .npy file of ``array``, or one of ``header`` (a dict) and ``data`` bytes."""
+    if array is not None:
+        np.save(path, array)
+        return str(path)
+    with open(path, 'wb') as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    'kind, message',
+    [
+        ('empty', 'not a plain numpy array of numbers'),
+        ('records', r"its values are \[\('a', '<f4'\)\] \(numbers are needed\)"),
+        ('strings', r'its values are <U3 \(numbers are needed\)'),
+        ('complex', r'its values are complex64 \(numbers are needed\)'),
+        ('huge header', r'declares \(1048576, 1048576\) of float32, more than the file holds'),
+    ],
+)
+def test_npy_label_files_of_another_kind_are_one_line(tmp_path, kind, message):
+    path = tmp_path / 'map.npy'
+    if kind == 'empty':
+        path.write_bytes(b'')
+    elif kind == 'huge header':  # 2**40 values declared in a 128-byte file
+        header = dict(descr='<f4', fortran_order=False, shape=(2**20, 2**20))
+        write_npy(path, header=header)
+    else:
+        array = {
+            'records': np.zeros((2, 1, 3, 3), dtype=[('a', '<f4')]),
+            'strings': np.array([['abc']]),
+            'complex': np.zeros((2, 1, 3, 3), dtype=np.complex64),
+        }[kind]
+        write_npy(path, array)
+    with pytest.raises(InputError, match=message) as err:
+        read_label_map(str(path), num_classes=5)
+    assert '\n' not in str(err.value)
+
+
+def test_a_big_endian_npy_label_map_reads_as_its_values(tmp_path):
+    scores = np.linspace(0, 1, 18, dtype='>f4').reshape(1, 1, 3, 6)
+    classes = np.arange(18).reshape(1, 1, 3, 6).astype('>f4') % 5
+    path = write_npy(tmp_path / 'map.npy', np.concatenate([scores, classes]))
+    got_scores, got_classes = read_label_map(path, num_classes=5)
+    assert torch.equal(got_scores, torch.from_numpy(scores[0].astype('<f4')))
+    assert torch.equal(got_classes, torch.from_numpy(classes[0].astype('<f4')).long())
