@@ -546,6 +546,19 @@ def _class_folders(path: str) -> List[str]:
     return sorted(d for d in os.listdir(path) if osp.isdir(osp.join(path, d)))
 
 
+def _check_entries_readable(folder: str) -> None:
+    """Every entry under a split's folder can be looked at (mmpretrain's scan stops with a
+    traceback at a link loop or a dangling link's ELOOP): one line naming the entry."""
+    for top, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            try:
+                os.stat(osp.join(top, name))
+            except OSError as err:
+                raise ConfigError(
+                    f'--data-root: {osp.join(top, name)}: {err.strerror}; remove or fix it'
+                ) from None
+
+
 def _classification(cfg: Config, root: str, classes):
     if classes:
         raise ConfigError(
@@ -570,6 +583,7 @@ def _classification(cfg: Config, root: str, classes):
             found.append(f'{split}: not found')
             folders = None
         else:
+            _check_entries_readable(osp.join(root, folder))
             folders = _class_folders(osp.join(root, folder))
             if names is None:
                 names = folders

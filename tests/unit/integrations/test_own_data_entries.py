@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from mmrepa.apis import load_config
-from mmrepa.datasets import make_shapes_ade20k, make_shapes_coco
+from mmrepa.datasets import make_shapes_ade20k, make_shapes_classification, make_shapes_coco
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.own_data import use_own_data
 from tests.helpers import DEMO, ROOT
@@ -139,3 +139,12 @@ def test_a_class_list_that_is_not_utf8_is_one_line(ade, tmp_path):
         f.write('ground\nr\xf6und\nbox\nwedge\n'.encode('latin-1'))
     with pytest.raises(ConfigError, match=r'classes.txt is not UTF-8 text \(byte 8\)'):
         use_own_data(load_config(UPERNET), root)
+
+
+def test_a_link_loop_in_a_class_folder_is_one_line(tmp_path):
+    root = make_shapes_classification(str(tmp_path / 'cls'), num_train=6, num_val=3)
+    loop = osp.join(root, 'train', 'circle', 'loop')
+    os.symlink('loop', loop)  # mmpretrain's scan: OSError ELOOP, a traceback
+    config = osp.join(ROOT, 'configs', 'demo', 'classifier_repa_caformer_shapes.py')
+    with pytest.raises(ConfigError, match=f'{loop}: Too many levels of symbolic links'):
+        use_own_data(load_config(config), root)
