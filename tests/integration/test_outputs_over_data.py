@@ -110,3 +110,29 @@ def test_show_dir_refuses_test_images_of_one_name(tmp_path):
         'rename one of them'
     ), log[-2000:]
     assert not show.exists()
+
+
+def test_the_own_data_roots_images_are_inputs_too(tmp_path):
+    data = make_shapes_coco(str(tmp_path / 'data'), num_train=1, num_val=1, size=32)
+    image = osp.join(data, 'val', '00000.png')
+    checkpoint = tmp_path / 'x.pth'
+    checkpoint.write_bytes(b'')
+    _, log = run_script_here(
+        'tools/test.py',
+        DEMO,
+        str(checkpoint),
+        '--data-root',
+        data,
+        '--dump-metrics',
+        image,
+        '--work-dir',
+        str(tmp_path / 'work'),
+        ok=False,
+    )  # the issue's command: a test image replaced by JSON, exit 0
+    assert (
+        log.strip()
+        .splitlines()[-1]
+        .startswith(
+            f'tools/test.py: --dump-metrics {image} is a file of the input test image directory'
+        )
+    ), log
