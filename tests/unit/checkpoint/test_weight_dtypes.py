@@ -12,6 +12,7 @@ from mmengine.logging import MMLogger
 from mmrepa.apis import init_model
 from mmrepa.backbones import RePaSwin
 from mmrepa.checkpoint.loading import load_state_dict_checked
+from mmrepa.datasets import make_shapes_classification
 from mmrepa.errors import CheckpointError
 from tests.helpers import ROOT, TINY_ARCH, run_script_here
 
@@ -46,7 +47,11 @@ def test_a_weight_of_another_kind_is_refused(state, tmp_path, dtype):
         init_model(CLASSIFIER, path)
     # the tools' Runner refuses it on its load too (after the Runner's print-out: only the
     # backbone is checked before it), in the last line
-    _, log = run_script_here('tools/test.py', CLASSIFIER, path, ok=False)
+    data = make_shapes_classification(str(tmp_path / 'cls'), num_train=3, num_val=3)
+    options = [
+        f'{loader}.dataset.data_root={data}' for loader in ('val_dataloader', 'test_dataloader')
+    ]
+    _, log = run_script_here('tools/test.py', CLASSIFIER, path, '--cfg-options', *options, ok=False)
     assert f'{head} is {dtype} in the checkpoint' in log.strip().splitlines()[-1], log[-2000:]
 
 
