@@ -15,7 +15,6 @@ errors whose cause is known into one line at the end instead of a traceback (see
 """
 
 import copy
-import difflib
 import importlib
 import os
 import re
@@ -29,6 +28,7 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope, Registry
 
 from ...errors import CheckpointError, ConfigError, MMRepaError
+from .config_paths import closest
 
 # The registries a model config's ``type``s come from: modules and losses, assigners and coders
 # (mmdet's TASK_UTILS), init_cfg, and mmpretrain's batch augmentations.
@@ -83,10 +83,7 @@ def did_you_mean(name: str, registries: Iterable[Registry]) -> str:
     closest registered names, compared without case and scope prefix), or ``''``."""
     names = _known_names(registries)
     bare = name.rsplit('.', 1)[-1].lower()
-    close = difflib.get_close_matches(bare, list(names), n=3, cutoff=0.6)
-    best = difflib.SequenceMatcher(None, bare, close[0]).ratio() if close else 0
-    # the closest, and others as close (RePaSwn: RePaSwin, not also PRepBNSwin)
-    close = [c for c in close if difflib.SequenceMatcher(None, bare, c).ratio() > best - 0.03]
+    close = closest(bare, names)  # RePaSwn: RePaSwin, not also PRepBNSwin
     return 'did you mean ' + ' or '.join(repr(names[c]) for c in close) + '?' if close else ''
 
 

@@ -51,10 +51,16 @@ def closest_configs(path: str, n: int = 3) -> List[str]:
     started = sorted(f for f in found if f.startswith(osp.splitext(name)[0]))  # a name cut short
     if started:
         return [found[f] for f in started[:n]]
-    names = difflib.get_close_matches(name, list(found), n=n, cutoff=0.6)
-    # the closest, and others as close (a typo of the B model: not also the T and S ones)
-    best = difflib.SequenceMatcher(None, name, names[0]).ratio() if names else 0
-    return [found[m] for m in names if difflib.SequenceMatcher(None, name, m).ratio() > best - 0.01]
+    # a typo of the B model's name: not also the T and S ones
+    return [found[m] for m in closest(name, found, n, margin=0.01)]
+
+
+def closest(word: str, words, n: int = 3, margin: float = 0.03) -> List[str]:
+    """The ``words`` closest to ``word`` (difflib's ratio, at least 0.6), and of the next ones
+    only those within ``margin`` of the best: a typo names its word, not also its siblings."""
+    close = difflib.get_close_matches(word, list(words), n=n, cutoff=0.6)
+    best = difflib.SequenceMatcher(None, word, close[0]).ratio() if close else 0
+    return [c for c in close if difflib.SequenceMatcher(None, word, c).ratio() > best - margin]
 
 
 class ConfigPath(argparse.Action):
