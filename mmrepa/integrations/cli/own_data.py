@@ -359,9 +359,9 @@ def _coco_classes(coco: dict, classes, path: str) -> List[str]:
 
 
 def _check_coco(coco: dict, names, path: str, split: str, selected: bool) -> None:
-    """Refuse a file whose categories the model cannot predict, or that leaves a training set
-    with no object (mmdet would fail deep inside with 'need at least one array to
-    concatenate')."""
+    """Refuse a file whose categories the model cannot predict, or that leaves its split with
+    no object mmdet keeps (training: mmdet would fail deep inside with 'need at least one array
+    to concatenate'; val and test: nothing to score)."""
     ids = {c['id']: c['name'] for c in coco['categories']}
     if not selected:
         extra = sorted(set(ids.values()) - set(names))
@@ -370,13 +370,42 @@ def _check_coco(coco: dict, names, path: str, split: str, selected: bool) -> Non
                 f'--data-root: {path} has categories the training annotations '
                 f'have not ({", ".join(extra)}); the model could not predict them'
             )
-    if split == 'train':
-        kept = {i for i, n in ids.items() if n in names}
-        if not any(a.get('category_id') in kept for a in coco.get('annotations') or ()):
-            raise ConfigError(
-                f'--data-root: {path} has no object of the classes '
-                f'{", ".join(names)}: nothing to train on'
-            )
+    kept = {i for i, n in ids.items() if n in names}
+    images = {image['id']: image for image in coco['images']}
+    if not any(_usable(a, images, kept) for a in coco.get('annotations') or ()):
+        verb = 'train on' if split == 'train' else 'test on'
+        raise ConfigError(
+            f'--data-root: {path} has no object of the classes {", ".join(names)}: nothing to '
+            f'{verb} in the {split} split (mmdet keeps boxes of a pixel or more, inside a listed '
+            'image, not crowds)'
+        )
+
+
+def _usable(ann: dict, images: dict, kept: set) -> bool:
+    """Whether mmdet's CocoDataset keeps ``ann`` as an object to learn or score (its
+    ``parse_data_info``: inside its image, at least a pixel wide and high, positive area, of a
+    kept category; crowds are ignored)."""
+    image = images.get(ann.get('image_id')) if _hashable(ann.get('image_id')) else None
+    if image is None or not _hashable(ann.get('category_id')) or ann['category_id'] not in kept:
+        return False
+    x, y, w, h = ann['bbox']
+    area = ann.get('area', w * h)
+    if (
+        ann.get('iscrowd')
+        or ann.get('ignore')
+        or w < 1
+        or h < 1
+        or not (_finite(area) and area > 0)
+    ):
+        return False
+    width, height = image.get('width'), image.get('height')
+    if _finite(width) and _finite(height):  # mmdet drops a box with no overlap with its image
+        return min(x + w, width) > max(x, 0) and min(y + h, height) > max(y, 0)
+    return True
+
+
+def _hashable(value) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
 # --------------------------------------------------------------------------- segmentation

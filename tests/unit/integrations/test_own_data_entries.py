@@ -148,3 +148,39 @@ def test_a_link_loop_in_a_class_folder_is_one_line(tmp_path):
     config = osp.join(ROOT, 'configs', 'demo', 'classifier_repa_caformer_shapes.py')
     with pytest.raises(ConfigError, match=f'{loop}: Too many levels of symbolic links'):
         use_own_data(load_config(config), root)
+
+
+def every(coco, **fields):
+    coco['annotations'] = [dict(a, **fields) for a in coco['annotations']]
+    return coco
+
+
+# a file whose boxes pass the entry check but of which mmdet keeps no object to learn or score
+UNUSABLE = {
+    'under a pixel': lambda c: every(c, bbox=[1, 1, 0.5, 0.5], area=0.25),
+    'outside the image': lambda c: every(c, bbox=[500, 500, 4, 4]),
+    'of no listed image': lambda c: every(c, image_id=999),
+    'crowds only': lambda c: every(c, iscrowd=1),
+    'no annotation': lambda c: set_(c, 'annotations', []),
+}
+
+
+@pytest.mark.parametrize('split', ('train', 'val', 'test'))
+@pytest.mark.parametrize('case', UNUSABLE)
+def test_a_split_with_no_usable_object_is_one_line(shapes, tmp_path, split, case):
+    root = tmp_path / 'data'
+    (root / 'annotations').mkdir(parents=True)
+    for name in ('train', 'val', 'test'):  # the test split reads val's images
+        if name != 'test':
+            (root / name).symlink_to(osp.join(shapes, name))
+        with open(
+            osp.join(shapes, 'annotations', f'{"val" if name == "test" else name}.json')
+        ) as f:
+            coco = json.load(f)
+        coco = UNUSABLE[case](coco) if name == split else coco
+        (root / 'annotations' / f'{name}.json').write_text(json.dumps(coco))
+    with pytest.raises(ConfigError) as err:
+        use_own_data(load_config(DEMO), str(root))
+    line = str(err.value)
+    assert '\n' not in line and str(root / 'annotations' / f'{split}.json') in line, line
+    assert f'the {split} split' in line and 'no object of the classes' in line, line
