@@ -8,18 +8,28 @@ unless finite in the module's dtype, build the folded form
 (:meth:`~Reparameterizable._apply_fold`) and write the tensors into it by state-dict name; set
 ``deploy``; undo everything if any step raises. The base also owns the load check
 (:meth:`~Reparameterizable._load_from_state_dict`): a checkpoint of the other form is refused.
+
+The walk over descendants (:func:`fold_submodules`, by every convention :mod:`.protocol` lists)
+lives here too, beside the fold that runs it: :mod:`.protocol` builds on this module, not the
+other way round.
 """
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from ..errors import CheckpointError, FoldError
 from .arithmetic import fold_dtype
-from .checks import all_or_nothing, check_foldable
+from .checks import (
+    FOREIGN_FOLD_METHODS,
+    _callable_without_arguments,
+    all_or_nothing,
+    check_foldable,
+)
 
 
 @dataclass(frozen=True)
@@ -95,8 +105,6 @@ class Reparameterizable:
             return
         policy = policy or FoldPolicy()
         check_foldable(self)
-        from .protocol import fold_submodules  # the walk imports this module
-
         with all_or_nothing(self), torch.no_grad():
             fold_submodules(self, policy)
             like = next(itertools.chain(self.parameters(), self.buffers()), None)
@@ -189,3 +197,72 @@ def check_fold_states(model: nn.Module, state_dict: dict) -> None:
     this first, so the other form is named as such rather than as missing keys."""
     for name, module in model.named_modules():
         check_fold_state(state_dict, f'{name}.' if name else '', module)
+
+
+# -- the walk: folds descendants deepest first, mmrepa's way or a foreign convention
+
+
+def _structure(module: nn.Module) -> tuple:
+    """What a fold changes: tensors (by name and shape) and submodules (by name and type).
+    A call that only sets ``deploy`` found the module in its deployed form already (a
+    LayerNorm patch embedding, say): that is not counted as a fold."""
+    tensors = tuple((k, tuple(v.shape)) for k, v in module.state_dict(keep_vars=True).items())
+    children = tuple((k, type(m)) for k, m in module.named_modules())
+    return tensors, children
+
+
+class _Walk(NamedTuple):
+    folded: Counter  # type name -> modules folded
+    idle: List[str]  # modules whose fold methods changed nothing
+
+
+def _fold_one(module: nn.Module, name: str, walk: _Walk, policy: FoldPolicy) -> nn.Module:
+    """Fold ``module`` by its convention; returns it, or the module that replaces it."""
+    if getattr(module, 'deploy', None) is True:
+        return module  # folded already; a foreign fold method may not be idempotent
+    ours = isinstance(module, Reparameterizable)
+    methods = ('reparameterize',) if ours else FOREIGN_FOLD_METHODS
+    tried = []
+    for method in methods:
+        fn = getattr(module, method, None)
+        if not _callable_without_arguments(fn):
+            continue
+        tried.append(f'{method}()')
+        before = _structure(module)
+        try:
+            result = fn(policy) if ours else fn()
+        except FoldError as err:
+            raise FoldError(
+                f'cannot fold {name or "the model"} ({type(module).__name__}): {err}'
+            ) from err
+        if isinstance(result, nn.Module) and result is not module:  # timm's fuse()
+            walk.folded[type(module).__name__] += 1
+            return result
+        if _structure(module) != before:
+            walk.folded[type(module).__name__] += 1
+            return module
+        if getattr(module, 'deploy', None) is True:
+            return module  # nothing to fold: only the flag was set
+    if tried:
+        walk.idle.append(
+            f'{name or "the model"} ({type(module).__name__}): {", ".join(tried)} changed nothing'
+        )
+    return module
+
+
+def _fold_tree(module: nn.Module, prefix: str, walk: _Walk, policy: FoldPolicy) -> None:
+    """Fold every descendant of ``module``, deepest first, replacing fused children."""
+    for child_name, child in list(module.named_children()):
+        path = f'{prefix}.{child_name}' if prefix else child_name
+        _fold_tree(child, path, walk, policy)
+        new = _fold_one(child, path, walk, policy)
+        if new is not child:
+            setattr(module, child_name, new)
+
+
+def fold_submodules(model: nn.Module, policy: Optional[FoldPolicy] = None) -> Dict[str, int]:
+    """Fold every foldable submodule of ``model`` (not ``model`` itself), deepest first, by
+    ``policy`` (default: the plain fold); returns the count of folded modules by type."""
+    walk = _Walk(Counter(), [])
+    _fold_tree(model, '', walk, policy or FoldPolicy())
+    return dict(walk.folded)

@@ -18,6 +18,7 @@ returns fused tensors and changes nothing, and is not taken for a fold.
 Folds are all or nothing (:mod:`.checks`): the whole model is checked before anything changes,
 and a fold that fails anyway is undone. Fold options (:class:`~mmrepa.fold.FoldPolicy`, e.g.
 INT8's identity shortcuts kept apart) reach every mmrepa module's fold; foreign folds have none.
+The walk itself is in :mod:`.base`: a module's own fold runs it on its descendants first.
 """
 
 from collections import Counter
@@ -27,14 +28,17 @@ import torch.nn as nn
 from mmengine.logging import print_log
 
 from ..errors import FoldError  # defined with the other errors; importable from here as before
-from .base import FoldPolicy, Reparameterizable
-from .checks import (
-    FOREIGN_FOLD_METHODS,
-    _callable_without_arguments,
-    _post_order,
-    all_or_nothing,
-    check_foldable,
-)
+from .base import FoldPolicy, _fold_one, _fold_tree, _Walk, fold_submodules
+from .checks import _post_order, all_or_nothing, check_foldable
+
+__all__ = [
+    'FoldError',
+    'FoldReport',
+    'count_parameters',
+    'fold_model',
+    'fold_submodules',
+    'reparameterize',
+]
 
 
 class FoldReport(NamedTuple):
@@ -52,72 +56,6 @@ class FoldReport(NamedTuple):
             f'folded {sum(self.folded.values())} module(s) ({kinds}); parameters '
             f'{self.params_before:,} -> {self.params_after:,}'
         )
-
-
-def _structure(module: nn.Module) -> tuple:
-    """What a fold changes: tensors (by name and shape) and submodules (by name and type).
-    A call that only sets ``deploy`` found the module in its deployed form already (a
-    LayerNorm patch embedding, say): that is not counted as a fold."""
-    tensors = tuple((k, tuple(v.shape)) for k, v in module.state_dict(keep_vars=True).items())
-    children = tuple((k, type(m)) for k, m in module.named_modules())
-    return tensors, children
-
-
-class _Walk(NamedTuple):
-    folded: Counter  # type name -> modules folded
-    idle: List[str]  # modules whose fold methods changed nothing
-
-
-def _fold_one(module: nn.Module, name: str, walk: _Walk, policy: FoldPolicy) -> nn.Module:
-    """Fold ``module`` by its convention; returns it, or the module that replaces it."""
-    if getattr(module, 'deploy', None) is True:
-        return module  # folded already; a foreign fold method may not be idempotent
-    ours = isinstance(module, Reparameterizable)
-    methods = ('reparameterize',) if ours else FOREIGN_FOLD_METHODS
-    tried = []
-    for method in methods:
-        fn = getattr(module, method, None)
-        if not _callable_without_arguments(fn):
-            continue
-        tried.append(f'{method}()')
-        before = _structure(module)
-        try:
-            result = fn(policy) if ours else fn()
-        except FoldError as err:
-            raise FoldError(
-                f'cannot fold {name or "the model"} ({type(module).__name__}): {err}'
-            ) from err
-        if isinstance(result, nn.Module) and result is not module:  # timm's fuse()
-            walk.folded[type(module).__name__] += 1
-            return result
-        if _structure(module) != before:
-            walk.folded[type(module).__name__] += 1
-            return module
-        if getattr(module, 'deploy', None) is True:
-            return module  # nothing to fold: only the flag was set
-    if tried:
-        walk.idle.append(
-            f'{name or "the model"} ({type(module).__name__}): {", ".join(tried)} changed nothing'
-        )
-    return module
-
-
-def _fold_tree(module: nn.Module, prefix: str, walk: _Walk, policy: FoldPolicy) -> None:
-    """Fold every descendant of ``module``, deepest first, replacing fused children."""
-    for child_name, child in list(module.named_children()):
-        path = f'{prefix}.{child_name}' if prefix else child_name
-        _fold_tree(child, path, walk, policy)
-        new = _fold_one(child, path, walk, policy)
-        if new is not child:
-            setattr(module, child_name, new)
-
-
-def fold_submodules(model: nn.Module, policy: Optional[FoldPolicy] = None) -> Dict[str, int]:
-    """Fold every foldable submodule of ``model`` (not ``model`` itself), deepest first, by
-    ``policy`` (default: the plain fold); returns the count of folded modules by type."""
-    walk = _Walk(Counter(), [])
-    _fold_tree(model, '', walk, policy or FoldPolicy())
-    return dict(walk.folded)
 
 
 def _deploy_false(model: nn.Module) -> List[str]:
