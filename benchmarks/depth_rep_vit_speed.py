@@ -3,9 +3,9 @@
     python benchmarks/depth_rep_vit_speed.py [--repeat 800] [--warmup 20] [--threads 1]
         [--shape 224] [--head] [--out benchmarks/results/depth_rep_vit_tiny_1thread.json]
 
-The paper's CPU setting (SPEC-depth §7.6): batch 1, 224², one thread, float32. The baseline is
+The paper's CPU setting (its §4, Table 1): batch 1, 224², one thread, float32. The baseline is
 ``DepthRepViT('tiny', num_branches=1)``, a plain 12-layer ViT-Tiny with 12 heads of 16 channels
-(the paper's / MAE-Lite's, SPEC §7.1). For each deployed depth 6 / 4 / 3 (n = 2 / 3 / 4 branches)
+(the paper's / MAE-Lite's, its §4). For each deployed depth 6 / 4 / 3 (n = 2 / 3 / 4 branches)
 and each joining mode the multi-branch model is built at λ = 1 and folded: ``join='logits'``
 (the paper's network) gives heads of width n·d_h, ``join='qkv'`` a plain ViT of that depth. All
 seven models (the 12-layer one folded too, so that every model runs the same deploy code) are
@@ -13,8 +13,8 @@ timed interleaved in the same rounds. Random weights (ViT init); denormals are f
 ``tools/benchmark.py``.
 
 Per folded model: parameters, MACs ("full": with the attention matmuls, what
-``mmrepa.utils.complexity`` counts; "paper": without them, SPEC §7.7), median / min / max ms,
-speed-up = t12 / t, MACs ratio = MACs12 / MACs, speed-up / MACs ratio (target >= 0.9), latency
+``mmrepa.utils.complexity`` counts; "paper": without them, as Table 1 counts), median / min / max
+ms, speed-up = t12 / t, MACs ratio = MACs12 / MACs, speed-up / MACs ratio (target >= 0.9), latency
 change against 12 layers (the paper reports -36.9 / -49.5 / -53.1 % for D-MAE-6/4/3-R against
 DeiT-Tiny), and the largest difference between the folded and the unfolded (λ = 1) output. The
 unfolded output is computed branch by branch (``fast_joined_forward=False``): the layers' fast
@@ -46,7 +46,7 @@ from mmrepa.utils.machine import finish, machine_info
 DEPTHS = (6, 4, 3)
 JOINS = ('logits', 'qkv')
 BASELINE = '12 layers'
-# SPEC-depth §7.6, Table 1: CPU (i9-9900X, 1 thread) latency change against DeiT-Tiny (66.1 ms)
+# the paper's Table 1: CPU (i9-9900X, 1 thread) latency change against DeiT-Tiny (66.1 ms)
 PAPER_R_PERCENT = {6: -36.9, 4: -49.5, 3: -53.1}  # D-MAE-L-R (folded, the paper's network)
 PAPER_PLAIN_MS = {12: 66.1, 6: 41.3, 4: 32.2, 3: 28.4}  # DeiT-Tiny and plain DeiT-6 / 4 / 3
 EFFICIENCY_TARGET = 0.9
@@ -120,8 +120,8 @@ def build(with_head: bool, seed: int, **kwargs):
 
 
 def macs_paper(model: nn.Module, x: torch.Tensor) -> int:
-    """SPEC §7.7 "paper" convention: mmengine's count without the attention matmuls (it has no
-    handle for scaled_dot_product_attention)."""
+    """The paper's convention (its Table 1 FLOPs): mmengine's count without the attention
+    matmuls (it has no handle for scaled_dot_product_attention)."""
     analyzer = FlopAnalyzer(model, (x,))
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
@@ -243,11 +243,11 @@ def run(args):
             else "backbone only: out_type='avg' (patch mean + LayerNorm), no head"
         ),
         baseline="DepthRepViT('tiny', num_branches=1) folded: plain 12-layer ViT-Tiny, 12 heads "
-        'of 16 (the paper compares against DeiT-Tiny; SPEC §7.1)',
+        'of 16 (the paper compares against DeiT-Tiny; its §4)',
         macs_conventions={
             'gmacs': 'full: linear/conv matmuls + attention QK^T and AV (SDPA) + 5/elem per '
             'affine LN (mmrepa.utils.complexity)',
-            'gmacs_paper': 'paper: the same without the attention matmuls (SPEC-depth §7.7)',
+            'gmacs_paper': 'paper: the same without the attention matmuls (Table 1 of the paper)',
         },
         efficiency_target=EFFICIENCY_TARGET,
         load_average_before=list(load_before),

@@ -1,5 +1,5 @@
 """DepthRepViT: a ViT trained as L/n blocks of n joined branches that fold into an L/n-layer ViT
-(depth re-parameterization, SPEC-depth §7).
+(Zhou et al., Rethinking Vision Transformer Depth via Structural Reparameterization, §3).
 
 With ``num_branches=1`` the network is a plain pre-norm ViT (timm / mmpretrain
 ``VisionTransformer`` / MAE-Lite) and loads their checkpoints; with n > 1 a 12-layer ViT's
@@ -22,11 +22,12 @@ from ...layers import checkpoint_forward
 from ...options import is_int_at_least
 from ..base import drop_path_rates, lookup_arch
 from ..plain_vit import PlainViT, fit_pos_embed, split_vit_layers, vit_embeddings
-from .join import JoinedBlock, stack_attention_branches, stack_ffn_branches
+from .block import JoinedBlock
+from .branches import stack_attention_branches, stack_ffn_branches
 
 # Width, depth L of the original (sequential) ViT, heads. 'tiny' is the paper's (MAE-Lite's)
-# ViT-Tiny with 12 heads of 16 channels, not timm's / DeiT's 3 heads of 64 (SPEC §7.1): the
-# shapes are identical, so the head count is checked when loading a checkpoint.
+# ViT-Tiny with 12 heads of 16 channels (the paper's §4), not timm's / DeiT's 3 heads of 64:
+# the shapes are identical, so the head count is checked when loading a checkpoint.
 ARCH_SETTINGS: Dict[str, dict] = {
     'tiny': dict(embed_dims=192, num_layers=12, num_heads=12),
     'small': dict(embed_dims=384, num_layers=12, num_heads=6),
@@ -115,7 +116,7 @@ class DepthRepViT(PlainViT):
         norm_cfg (dict): Block norms. Default: ``dict(type='LN', eps=1e-6)``.
         out_norm_cfg (dict, optional): Output norms (None: none). Default: as ``norm_cfg``.
         join_lambda (float): Initial λ. Default: 0.
-        diversity_loss_weight (float): α of the diversity loss (SPEC §7.3; the paper's 0.05);
+        diversity_loss_weight (float): α of the diversity loss (the paper's §4: 0.05);
             > 0 needs a model that collects it
             (:class:`~mmrepa.classifiers.DiversityImageClassifier`)
             and global attention. Default: 0.
@@ -171,7 +172,7 @@ class DepthRepViT(PlainViT):
             raise ConfigError(f'diversity_loss_weight must be >= 0, got {diversity_loss_weight}')
         if diversity_loss_weight > 0 and window_size is not None:
             raise ConfigError(
-                'the diversity loss is a classification regularizer (SPEC §7.3); '
+                'the diversity loss is a classification regularizer (Table 5 of the paper); '
                 'set diversity_loss_weight=0 with windowed attention'
             )
         windows = self._setup_vit(
@@ -280,7 +281,7 @@ class DepthRepViT(PlainViT):
     ) -> LoadReport:
         """As :meth:`DenseBackbone.load_pretrained`, after checking the checkpoint's head count
         (``num_heads``, else its mmengine config): 3- and 12-head ViT-Tiny checkpoints have
-        the same shapes and would load silently into the wrong function (SPEC §7.8)."""
+        the same shapes and would load silently into the wrong function."""
         found = num_heads if num_heads is not None else checkpoint_num_heads(filename)
         if found is None:
             raise CheckpointError(

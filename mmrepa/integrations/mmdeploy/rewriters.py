@@ -178,9 +178,9 @@ def _exact_sdpa():
 SDPA_METHODS = (
     'mmrepa.layers.window_attention.WindowMSA.attend',
     'mmrepa.layers.windowed_self_attention.WindowedSelfAttention._attend',
-    'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._attend',
-    'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._per_branch',
-    'mmrepa.backbones.depth_rep_vit.join.JoinedAttention._joined_logits',
+    'mmrepa.backbones.depth_rep_vit.attention.JoinedAttention._attend',
+    'mmrepa.backbones.depth_rep_vit.attention.JoinedAttention._per_branch',
+    'mmrepa.backbones.depth_rep_vit.attention.JoinedAttention._joined_logits',
     'mmrepa.backbones.prepbn_pvt.SpatialReductionAttention.forward',
 )
 

@@ -367,11 +367,11 @@ def _build(path: str):
         'backbones.repa_swin.RePaSwinBlock': _swin_block,
         'backbones.repopt_vgg.backbone.RepOptVGG': lambda: RepOptVGG(vgg, mode='repvgg'),
         'layers.channel_idle_ffn.ChannelIdleFFN': lambda: ChannelIdleFFN(8),
-        'backbones.depth_rep_vit.join.JoinedAttention': lambda: JoinedAttention(
+        'backbones.depth_rep_vit.attention.JoinedAttention': lambda: JoinedAttention(
             8, 2, 2, join_lambda=1.0
         ),
-        'backbones.depth_rep_vit.join.JoinedBlock': lambda: JoinedBlock(8, 2, 2, join_lambda=1.0),
-        'backbones.depth_rep_vit.join.JoinedFFN': lambda: JoinedFFN(8, 2.0, 2, join_lambda=1.0),
+        'backbones.depth_rep_vit.block.JoinedBlock': lambda: JoinedBlock(8, 2, 2, join_lambda=1.0),
+        'backbones.depth_rep_vit.ffn.JoinedFFN': lambda: JoinedFFN(8, 2.0, 2, join_lambda=1.0),
         'layers.patch_layers.FoldablePatchEmbed': lambda: FoldablePatchEmbed(
             in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type='BN1d')
         ),
