@@ -20,16 +20,16 @@ from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
 from .checkpoint.loading import refuse_wrong_dtypes
-from .fold import reparameterize
-from .integrations.cli.config_checks import (
+from .config.checks import (
     check_checkpoint_fit,
     check_classifier,
     check_custom_imports,
     check_parts,
     check_types,
 )
-from .integrations.cli.config_paths import find_config
-from .integrations.cli.key_checks import check_keys
+from .config.key_checks import check_keys
+from .config.paths import find_config
+from .fold import reparameterize
 
 
 class TextOnceConfig(Config):
@@ -65,10 +65,10 @@ class TextOnceConfig(Config):
 
 def load_config(config: str, cfg_options: Optional[dict] = None) -> TextOnceConfig:
     """``Config.fromfile`` + ``--cfg-options`` + the checks of
-    :mod:`mmrepa.integrations.cli.config_checks` that need no build: mmrepa in
+    :mod:`mmrepa.config.checks` that need no build: mmrepa in
     ``custom_imports`` if its types are used, a classifier's neck fits its backbone, every model
     type registered (else "did you mean"). A config named by its path before the configs moved
-    into folders per algorithm is found (:func:`~mmrepa.integrations.cli.config_paths.
+    into folders per algorithm is found (:func:`~mmrepa.config.paths.
     find_config`). The config formats its text once (:class:`TextOnceConfig`)."""
     cfg = TextOnceConfig.of(Config.fromfile(find_config(config)))
     if cfg_options:

@@ -39,7 +39,7 @@ def _excepthook(kind, err, tb, previous) -> None:
     line = None
     if not os.environ.get('MMREPA_TRACEBACK'):
         try:
-            from .integrations.cli.config_checks import TRACEBACK_HINT, explain
+            from .config.checks import TRACEBACK_HINT, explain
 
             line = explain(err, tb)
         except Exception:  # noqa: BLE001  never hide the real error behind one of ours
@@ -51,7 +51,7 @@ def _excepthook(kind, err, tb, previous) -> None:
 
 
 def install_excepthook() -> None:
-    """Print the errors :func:`mmrepa.integrations.cli.config_checks.explain` knows as one line
+    """Print the errors :func:`mmrepa.config.checks.explain` knows as one line
     instead of a traceback (see the module's docstring, item 3)."""
     if sys.excepthook is sys.__excepthook__:
         previous = sys.excepthook

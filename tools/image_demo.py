@@ -84,7 +84,7 @@ def missing_inputs(tool: str, args, folders: bool = False) -> list:
     a tools/deploy.py output folder replace CONFIG CHECKPOINT)."""
     hint = ''
     if args.checkpoint is not None and not osp.isfile(args.config):
-        from mmrepa.integrations.cli.config_paths import find_config  # mmrepa, torch: slow
+        from mmrepa.config.paths import find_config  # mmrepa, torch: slow
 
         try:  # a config path from before the configs moved into folders
             args.config = find_config(args.config)
@@ -301,7 +301,7 @@ def draw_predictions(
 ) -> None:
     """Run the model on the image at ``path``, print what it predicts, draw it to
     ``out_file``."""
-    from mmrepa.integrations.cli.inputs import read_image
+    from mmrepa.config.inputs import read_image
 
     image = read_image(TOOL, path)  # not an image: one line, no cv2 traceback
     classes = predictor.dataset_meta['classes']

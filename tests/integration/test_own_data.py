@@ -1,4 +1,4 @@
-"""``--data-root DIR`` (mmrepa.integrations.cli.own_data): a config pointed at generated data
+"""``--data-root DIR`` (mmrepa.datasets.own_data): a config pointed at generated data
 whose classes it does not have, for mmdet (COCO format, both layouts), mmseg (ADE20K's layout)
 and mmpretrain (a folder per class); one short training and test on it at the command line."""
 
@@ -13,8 +13,8 @@ from mmengine.registry import init_default_scope
 
 from mmrepa.apis import load_config
 from mmrepa.datasets import make_shapes_ade20k, make_shapes_classification, make_shapes_coco
+from mmrepa.datasets.own_data import use_own_data
 from mmrepa.errors import ConfigError
-from mmrepa.integrations.cli.own_data import use_own_data
 from tests.helpers import DEMO, ROOT, run_script_here
 
 NO_WORKERS = [

@@ -15,8 +15,8 @@ import shlex
 
 import pytest
 
+from mmrepa.config.paths import find_config
 from mmrepa.datasets import make_shapes_coco
-from mmrepa.integrations.cli.config_paths import find_config
 from tests.helpers import ROOT, run_script_here
 
 FOUNDING = ('tools/train.py', 'configs/retinanet_repa_swin_b_1x_coco.py')

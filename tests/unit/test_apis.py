@@ -8,8 +8,8 @@ from mmengine.config import Config
 from mmengine.config import config as mmengine_config
 
 from mmrepa.apis import TextOnceConfig, load_config
+from mmrepa.config.checks import check_custom_imports
 from mmrepa.integrations.cli.args import tool_argument_parser, tool_config
-from mmrepa.integrations.cli.config_checks import check_custom_imports
 from tests.helpers import ROOT, fresh_mmengine_instances
 
 

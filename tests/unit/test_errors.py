@@ -15,8 +15,8 @@ import pytest
 
 import mmrepa
 import mmrepa.errors as errors
+from mmrepa.config.checks import explain
 from mmrepa.integrations.cli.args import one_line_errors
-from mmrepa.integrations.cli.config_checks import explain
 from tests.helpers import ROOT, run_script_here
 
 PACKAGE = osp.join(ROOT, 'mmrepa')

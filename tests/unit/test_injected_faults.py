@@ -14,13 +14,13 @@ import mmrepa
 from mmrepa.backbones import PoolFormer, PRepBNViT
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.checkpoint.sharded import SHARD_META, rank_file
+from mmrepa.config.checks import check_checkpoint_fit
+from mmrepa.datasets.own_data import _clip_topk
 from mmrepa.datasets.token_label import read_label_map
 from mmrepa.engine import ReparameterizeHook
 from mmrepa.engine.hooks.scheduled_scalar_hook import iterations
 from mmrepa.engine.strategies import _float32_affine_class
 from mmrepa.errors import InputError
-from mmrepa.integrations.cli.config_checks import check_checkpoint_fit
-from mmrepa.integrations.cli.own_data import _clip_topk
 from tests.helpers import run_script_here
 
 # ------------------------------------------------------------------ ReparameterizeHook._verify

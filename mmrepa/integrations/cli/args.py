@@ -10,8 +10,8 @@ import os.path as osp
 from mmengine.config import Config, DictAction
 
 from ...apis import load_config
+from ...config.paths import ConfigPath
 from ...errors import ConfigError, MMRepaError
-from .config_paths import ConfigPath
 from .runner import freeze_loaded_objects
 
 
@@ -38,7 +38,7 @@ def tool_argument_parser(description: str, distributed: bool = True) -> argparse
         metavar='DIR',
         help="use the data in DIR: COCO-format annotations (mmdet), ADE20K's "
         'layout (mmseg), a folder per class (mmpretrain); the classes come from '
-        "the data and every head's num_classes follows (see mmrepa/integrations/cli/own_data.py)",
+        "the data and every head's num_classes follows (see mmrepa/datasets/own_data/)",
     )
     parser.add_argument(
         '--classes',
@@ -63,12 +63,12 @@ def tool_config(args: argparse.Namespace) -> Config:
     """The config of :func:`tool_argument_parser`'s arguments: :func:`mmrepa.apis.load_config` with
     ``--cfg-options``, ``work_dir`` (``--work-dir``, else the config's, else
     ``./work_dirs/CONFIG_NAME``), ``launcher`` and, after ``--cfg-options``, ``--data-root``
-    (:func:`mmrepa.integrations.cli.own_data.use_own_data`). Builds nothing and starts no
+    (:func:`mmrepa.datasets.own_data.use_own_data`). Builds nothing and starts no
     process group
     (call :func:`setup_cpu_distributed` when the tool is ready to)."""
     cfg = load_config(args.config, args.cfg_options)
     if getattr(args, 'data_root', None):
-        from .own_data import use_own_data
+        from ...datasets.own_data import use_own_data
 
         print(use_own_data(cfg, args.data_root, args.classes), flush=True)
     elif getattr(args, 'classes', None):
@@ -87,7 +87,7 @@ def tool_config(args: argparse.Namespace) -> Config:
 def tool_message(tool: str, err: BaseException) -> str:
     """``err``'s message as a tool prints it: ``TOOL: message`` (not twice if the message
     already starts with it: the checks that take the tool's name, such as
-    :func:`mmrepa.integrations.cli.inputs.check_inputs`, put it there)."""
+    :func:`mmrepa.config.inputs.check_inputs`, put it there)."""
     message = str(err) or type(err).__name__
     return message if message.startswith(f'{tool}: ') else f'{tool}: {message}'
 

@@ -177,7 +177,7 @@ def guarded_config(
     those two before the config is read, then against what the config reads (data, pretrained
     weights, RepOpt scales)."""
     from ...apis import load_config
-    from .inputs import config_inputs
+    from ...config.inputs import config_inputs
 
     outputs = list(outputs)
     check_outputs(tool, outputs, [('config', config), ('checkpoint', checkpoint)], force)

@@ -1,5 +1,5 @@
 """The check of the keys the Runner turns into arguments of its loops, data loaders, optimizer,
-schedulers, hooks and evaluators (mmrepa/integrations/cli/key_checks.py; issue 37, point 4)."""
+schedulers, hooks and evaluators (mmrepa/config/key_checks.py; issue 37, point 4)."""
 
 import glob
 import os.path as osp
@@ -8,8 +8,8 @@ import pytest
 from mmengine.config import Config
 
 from mmrepa.apis import load_config
+from mmrepa.config.key_checks import accepted_keys, check_keys, key_problems
 from mmrepa.errors import ConfigError
-from mmrepa.integrations.cli.key_checks import accepted_keys, check_keys, key_problems
 from tests.helpers import DEMO, ROOT
 
 LOADER = dict(

@@ -12,8 +12,8 @@ import pytest
 
 from mmrepa.apis import load_config
 from mmrepa.datasets import make_shapes_ade20k, make_shapes_classification, make_shapes_coco
+from mmrepa.datasets.own_data import use_own_data
 from mmrepa.errors import ConfigError
-from mmrepa.integrations.cli.own_data import use_own_data
 from tests.helpers import DEMO, ROOT
 
 NAN = float('nan')

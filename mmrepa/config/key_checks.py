@@ -11,7 +11,7 @@ the closest accepted name. It follows how the Runner turns each part into constr
 config's ``default_scope``. A class whose ``**kwargs`` go anywhere but the next ``__init__`` of
 its MRO accepts every key; a type that does not resolve is left to the Runner's own error.
 mmdet's, mmseg's and mmpretrain's own tools meet the key inside their Runner; there
-:func:`~mmrepa.integrations.cli.config_checks.explain` names it the same way, at the end.
+:func:`~mmrepa.config.checks.explain` names it the same way, at the end.
 """
 
 import ast
@@ -24,8 +24,8 @@ from typing import Callable, FrozenSet, Iterator, List, NamedTuple, Optional, Tu
 
 from mmengine.config import Config
 
-from ...errors import ConfigError
-from .config_checks import config_scope
+from ..errors import ConfigError
+from .checks import config_scope
 
 TYPED = frozenset({'type', '_scope_'})
 # what the Runner builds the loops with itself

@@ -3,7 +3,7 @@
 A newcomer's first run usually lacks the data set or the ImageNet weights; without this check it
 ends in a long traceback from deep inside pycocotools or the checkpoint loader, after the model
 and the data loaders were built. ``check_inputs`` names every missing path at once instead, then
-checks the model (:func:`mmrepa.integrations.cli.config_checks.check_model`) and the class
+checks the model (:func:`mmrepa.config.checks.check_model`) and the class
 filter of COCO-format data sets (:func:`class_filter_problems`).
 """
 
@@ -18,7 +18,7 @@ from mmengine.config import Config
 from mmengine.fileio import join_path
 from mmengine.utils import is_abs
 
-from ...errors import ConfigError, InputError
+from ..errors import ConfigError, InputError
 
 README_SECTION = 'README.md "Data and checkpoints"'
 
@@ -290,7 +290,7 @@ def find_missing_inputs(
 def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
     """:func:`find_missing_inputs`; if anything is missing, raise with one line per path. Then
     :func:`class_filter_problems` and
-    :func:`mmrepa.integrations.cli.config_checks.check_model` (the backbone
+    :func:`mmrepa.config.checks.check_model` (the backbone
     built alone, ``checkpoints`` loaded into it): what the Runner would otherwise find after
     printing its environment and config.
 
@@ -311,7 +311,7 @@ def check_inputs(cfg: Config, tool: str, **kwargs) -> None:
     problems = class_filter_problems(cfg, kwargs.get('splits', ()))
     if problems:
         raise ConfigError('\n'.join(problems))
-    from .config_checks import check_model
+    from .checks import check_model
 
     check_model(cfg, kwargs.get('checkpoints', ()))
 

@@ -4,7 +4,7 @@ mmengine's Runner writes the environment and the whole config (~540 lines) befor
 model, so a typo in a type, an unknown ``arch`` or a checkpoint of another model used to surface
 below all that, in a traceback. Our tools call :func:`check_custom_imports`,
 :func:`check_classifier` and :func:`check_types` (from :func:`mmrepa.apis.load_config`) and
-:func:`check_model` (from :func:`mmrepa.integrations.cli.inputs.check_inputs`) first, which raise
+:func:`check_model` (from :func:`mmrepa.config.inputs.check_inputs`) first, which raise
 :class:`~mmrepa.errors.ConfigError` or :class:`~mmrepa.errors.CheckpointError` with one line
 per problem.
 
@@ -27,8 +27,8 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import DefaultScope, Registry
 
-from ...errors import CheckpointError, ConfigError, MMRepaError
-from .config_paths import closest
+from ..errors import CheckpointError, ConfigError, MMRepaError
+from .paths import closest
 
 # The registries a model config's ``type``s come from: modules and losses, assigners and coders
 # (mmdet's TASK_UTILS), init_cfg, and mmpretrain's batch augmentations.
@@ -42,7 +42,7 @@ def config_scope(cfg: Config) -> str:
 def model_registries(scope: str) -> List[Registry]:
     """The scope's model registries, and mmrepa's layer registry (its norms and activations
     resolve without the ``mmrepa.`` prefix inside our backbones)."""
-    from ...registry import MODELS as LAYERS
+    from ..registry import MODELS as LAYERS
 
     module = importlib.import_module(f'{scope}.registry')
     found = [getattr(module, name, None) for name in MODEL_REGISTRIES]
@@ -232,8 +232,8 @@ def build_backbone(cfg: Config) -> Optional[nn.Module]:
 def _checkpoint_weights(path: str) -> dict:
     """The weights of a model checkpoint (any layout :data:`~mmrepa.checkpoint.loading.
     WEIGHT_KEYS` lists), read without running its code and without a log line."""
-    from ...checkpoint import load_checkpoint_file
-    from ...checkpoint.loading import WEIGHT_KEYS
+    from ..checkpoint import load_checkpoint_file
+    from ..checkpoint.loading import WEIGHT_KEYS
 
     ckpt = load_checkpoint_file(path)
     if isinstance(ckpt, dict):
@@ -250,7 +250,7 @@ def check_checkpoint_fit(backbone: nn.Module, path: str, where: str) -> None:
     another model. ``where``: the option it comes from, for the message."""
     from mmengine.runner.checkpoint import load_state_dict
 
-    from ...checkpoint.loading import check_dtypes
+    from ..checkpoint.loading import check_dtypes
 
     state = _checkpoint_weights(path)
     own = {k: v for k, v in state.items() if k.startswith('backbone.')}
