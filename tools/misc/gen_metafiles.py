@@ -7,8 +7,8 @@ Collections with the paper, Models with Name, In Collection, Config, Metadata, R
 The numbers are never typed in: parameters and GMACs before and after folding come from
 ``tools/get_flops.py --json`` (run here once per config, in a subprocess, at its default input
 size), the training data and schedule from the config itself. Results are the papers' own
-numbers (``PAPER_RESULTS`` below, each with the table it comes from), marked as not reproduced;
-no weights are published.
+numbers, kept beside the configs in ``configs/<family>/paper_results.yml`` (each with the table
+it comes from), marked as not reproduced; no weights are published.
 
 The counts are kept in ``--json-dir``: ``--reuse`` runs get_flops only for configs that have
 none there, and naming CONFIGs recounts those and reuses the others. The whole set at full size
@@ -123,240 +123,28 @@ COLLECTIONS = {
     ),
 }
 
-_NOT_REPRODUCED = 'not reproduced by mmrepa'
-_REPAFORMER = f'reported in the RePaFormer paper (Table 6, 1x schedule), {_NOT_REPRODUCED}'
-_METAFORMER_DET = f'reported in the MetaFormer Baselines paper (Table IX), {_NOT_REPRODUCED}'
-_METAFORMER_SEG = f'reported in the MetaFormer Baselines paper (Table X), {_NOT_REPRODUCED}'
+PAPER_RESULTS_FILE = 'paper_results.yml'
 
 
-def _box(ap, notes):
-    return [dict(Task='Object Detection', Dataset='COCO', Metrics={'box AP': ap}, Notes=notes)]
+def load_paper_results(root: str = ROOT) -> dict:
+    """``{model name: entry}`` from every ``configs/<family>/paper_results.yml``: the papers'
+    own numbers for the settings the configs reproduce, each entry's ``Results`` with a
+    ``Notes`` line naming its paper and table. A config the papers give no number for has no
+    entry."""
+    entries = {}
+    for path in sorted(glob.glob(osp.join(root, CONFIG_DIR, '*', PAPER_RESULTS_FILE))):
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+        for name, entry in data.items():
+            if name in entries:
+                raise ValueError(f'{name} has paper results twice: keep the one in its folder')
+            if not osp.isfile(osp.join(osp.dirname(path), name + '.py')):
+                raise ValueError(f'{path} names {name}, no config of its folder: rename or move it')
+            entries[name] = entry
+    return entries
 
 
-def _box_mask(box, mask, notes):
-    return _box(box, notes) + [
-        dict(Task='Instance Segmentation', Dataset='COCO', Metrics={'mask AP': mask}, Notes=notes)
-    ]
-
-
-def _top1(top1, notes):
-    return [
-        dict(
-            Task='Image Classification',
-            Dataset='ImageNet-1k',
-            Metrics={'Top 1 Accuracy': top1},
-            Notes=notes,
-        )
-    ]
-
-
-def _miou(miou, notes, dataset='ADE20K'):
-    return [
-        dict(Task='Semantic Segmentation', Dataset=dataset, Metrics={'mIoU': miou}, Notes=notes)
-    ]
-
-
-# The papers' numbers for the settings the configs reproduce (same detector, schedule, backbone
-# and data set), from /work/shared/SPEC.md section 4 and the papers themselves. A config the
-# papers give no number for has no Results. RePaFormer's Mask R-CNN column is box AP only.
-PAPER_RESULTS = {
-    # RePaFormer, Table 6: RePa-Swin and its vanilla Swin baselines, S and B only
-    'retinanet_swin_s_1x_coco': _box(37.2, _REPAFORMER),
-    'retinanet_repa_swin_s_1x_coco': _box(38.3, _REPAFORMER),
-    'retinanet_swin_b_1x_coco': _box(38.9, _REPAFORMER),
-    'retinanet_repa_swin_b_1x_coco': _box(39.8, _REPAFORMER),
-    'mask-rcnn_swin_s_1x_coco': _box(45.5, _REPAFORMER),
-    'mask-rcnn_repa_swin_s_1x_coco': _box(43.6, _REPAFORMER),
-    'mask-rcnn_swin_b_1x_coco': _box(45.8, _REPAFORMER),
-    'mask-rcnn_repa_swin_b_1x_coco': _box(44.8, _REPAFORMER),
-    'upernet_swin_s_512x512_160k_ade20k': _miou(47.6, _REPAFORMER),
-    'upernet_repa_swin_s_512x512_160k_ade20k': _miou(45.7, _REPAFORMER),
-    'upernet_swin_b_512x512_160k_ade20k': _miou(48.1, _REPAFORMER),
-    'upernet_repa_swin_b_512x512_160k_ade20k': _miou(46.9, _REPAFORMER),
-    # MetaFormer Baselines, Table IX (multi-scale 3x) and Table X (UperNet 160k)
-    'mask-rcnn_convformer_s18_ms-3x_coco': _box_mask(47.7, 42.6, _METAFORMER_DET),
-    'mask-rcnn_caformer_s18_ms-3x_coco': _box_mask(48.6, 43.7, _METAFORMER_DET),
-    'cascade-mask-rcnn_convformer_s18_ms-3x_coco': _box_mask(51.5, 44.6, _METAFORMER_DET),
-    'cascade-mask-rcnn_caformer_s18_ms-3x_coco': _box_mask(52.3, 45.2, _METAFORMER_DET),
-    'cascade-mask-rcnn_convformer_s36_ms-3x_coco': _box_mask(52.5, 45.2, _METAFORMER_DET),
-    'cascade-mask-rcnn_caformer_s36_ms-3x_coco': _box_mask(53.2, 46.0, _METAFORMER_DET),
-    'cascade-mask-rcnn_convformer_m36_ms-3x_coco': _box_mask(53.0, 45.7, _METAFORMER_DET),
-    'cascade-mask-rcnn_caformer_m36_ms-3x_coco': _box_mask(53.8, 46.5, _METAFORMER_DET),
-    'upernet_convformer_s18_512x512_160k_ade20k': _miou(48.6, _METAFORMER_SEG),
-    'upernet_caformer_s18_512x512_160k_ade20k': _miou(48.9, _METAFORMER_SEG),
-    'upernet_convformer_s36_512x512_160k_ade20k': _miou(50.7, _METAFORMER_SEG),
-    'upernet_caformer_s36_512x512_160k_ade20k': _miou(50.8, _METAFORMER_SEG),
-    'upernet_convformer_m36_512x512_160k_ade20k': _miou(51.3, _METAFORMER_SEG),
-    'upernet_caformer_m36_512x512_160k_ade20k': _miou(51.7, _METAFORMER_SEG),
-    # PoolFormer-S12, the PoolFormer release's detection table (1x, the configs' recipes)
-    'retinanet_poolformer_s12_1x_coco': _box(
-        36.2, f'reported by the PoolFormer release (detection README), {_NOT_REPRODUCED}'
-    ),
-    'mask-rcnn_poolformer_s12_1x_coco': _box_mask(
-        37.3, 34.6, f'reported by the PoolFormer release (detection README), {_NOT_REPRODUCED}'
-    ),
-    # Swin-T is in Table X as a reference (quoted from the Swin paper); Table X does not say
-    # whether the test is single- or multi-scale
-    'upernet_swin_t_512x512_160k_ade20k': _miou(
-        45.8,
-        'Swin-T as quoted in the MetaFormer Baselines paper (Table X, from Swin); '
-        f'test scales not stated there; {_NOT_REPRODUCED}',
-    ),
-    # SLAB, Table 3 (Mask R-CNN 1x): SLAB-Swin-T's box AP. The PRepBN-Swin rows and the mask
-    # APs are not legible in the text of the paper we have, so they are left out.
-    'mask-rcnn_slab_swin_t_1x_coco': _box(
-        43.9, f'reported in the SLAB paper (Table 3, box AP), {_NOT_REPRODUCED}'
-    ),
-    # SLAB, Table 3: PVT-S-PRepBN's box AP (its row's columns line up in the text we have; the
-    # PVT-T row and the mask APs do not)
-    'mask-rcnn_prepbn_pvt_s_1x_coco': _box(
-        40.6, f'reported in the SLAB paper (Table 3, box AP), {_NOT_REPRODUCED}'
-    ),
-    # ImageNet-1k top-1 at 224 px of the classifier configs' own recipes
-    **{
-        f'prepbn_pvt_{size}_8xb128_in1k': _top1(
-            top1,
-            f'reported in the SLAB paper (Table 1, PVT-{size.upper()}-PRepBN), {_NOT_REPRODUCED}',
-        )
-        for size, top1 in (('t', 76.0), ('s', 80.1), ('m', 81.7))
-    },
-    **{
-        f'repa_swin_{size}_32xb128_in1k': _top1(
-            top1, f'reported in the RePaFormer paper (Table 2), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('t', 78.5), ('s', 81.6), ('b', 82.6))
-    },
-    **{
-        f'repa_mlp_mixer_{size}_32xb128_in1k': _top1(
-            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('b16', 72.1), ('l16', 72.6))
-    },
-    **{
-        f'{family}_{size}_32xb128_in1k': _top1(
-            top1, f'reported in the MetaFormer Baselines paper (Table V), {_NOT_REPRODUCED}'
-        )
-        for family, tops in (
-            ('convformer', (83.0, 84.1, 84.5, 84.8)),
-            ('caformer', (83.6, 84.5, 85.2, 85.5)),
-        )
-        for size, top1 in zip(('s18', 's36', 'm36', 'b36'), tops)
-    },
-    **{
-        f'{family}_{size}_32xb128_in1k': _top1(
-            top1, f'reported in the MetaFormer Baselines paper (Table III), {_NOT_REPRODUCED}'
-        )
-        for family, tops in (
-            ('identityformer', (74.6, 78.2, 79.3, 80.0, 80.4)),
-            ('randformer', (76.6, 78.8, 79.5, 81.2, 81.4)),
-            ('poolformerv2', (78.0, 80.7, 81.6, 82.2, 82.6)),
-        )
-        for size, top1 in zip(('s12', 's24', 's36', 'm36', 'm48'), tops)
-    },
-    # PoolFormer v1: the PoolFormer release's table (its README); RePa-PoolFormer: RePaFormer
-    **{
-        f'poolformer_{size}_32xb128_in1k': _top1(
-            top1, f'reported by the PoolFormer paper and release, {_NOT_REPRODUCED}'
-        )
-        for size, top1 in zip(('s12', 's24', 's36', 'm36', 'm48'), (77.2, 80.3, 81.4, 82.1, 82.5))
-    },
-    **{
-        f'repa_poolformer_{size}_32xb128_in1k': _top1(
-            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('s12', 70.5), ('s24', 75.4), ('s36', 76.8))
-    },
-    'prepbn_swin_t_8xb128_in1k': _top1(
-        81.4, f'reported in the SLAB paper (Table 1, Swin-T-PRepBN), {_NOT_REPRODUCED}'
-    ),
-    'prepbn_swin_s_8xb128_in1k': _top1(
-        83.2, f'reported in the SLAB paper (Table 1, Swin-S-PRepBN), {_NOT_REPRODUCED}'
-    ),
-    'slab_swin_t_8xb128_in1k': _top1(
-        81.8, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'
-    ),
-    'slab_swin_s_8xb128_in1k': _top1(
-        83.6, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'
-    ),
-    # SLAB-PVT-T only: the paper has no SLAB-PVT-S / M
-    'slab_pvt_t_8xb128_in1k': _top1(
-        76.5, f'reported in the SLAB paper (Tables 2 and 6), {_NOT_REPRODUCED}'
-    ),
-    # RePaFormer Table 1 (post-reparameterization top-1 at 224 px); SLAB Tables 1 and 2
-    **{
-        f'repa_deit_{size}_32xb128_in1k': _top1(
-            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('t', 64.3), ('s', 77.1), ('b', 81.4))
-    },
-    # (Table 2 has 83.5 for RePa-LV-ViT-M)
-    **{
-        f'repa_lvvit_{size}_8xb128_in1k': _top1(
-            top1, f'reported in the RePaFormer paper (Table 1), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('s', 81.6), ('m', 83.6))
-    },
-    **{
-        f'prepbn_deit_{size}_8xb128_in1k': _top1(
-            top1,
-            f'reported in the SLAB paper (Table 1, DeiT-{size.upper()}-PRepBN), {_NOT_REPRODUCED}',
-        )
-        for size, top1 in (('t', 73.6), ('s', 80.2))
-    },
-    **{
-        f'slab_deit_{size}_8xb128_in1k': _top1(
-            top1, f'reported in the SLAB paper (Table 2), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('t', 74.3), ('s', 80.0))
-    },
-    # RepOptimizers: Table 2 (ImageNet top-1 at batch 32 per GPU, mean of 3 runs) and Table 7
-    **{
-        f'repopt_vgg_{size}_8xb32_in1k': _top1(
-            top1, f'reported in the RepOptimizers paper (Table 2), {_NOT_REPRODUCED}'
-        )
-        for size, top1 in (('b1', 78.47), ('b2', 79.36), ('l1', 79.46), ('l2', 80.29))
-    },
-    'repvgg_b1_8xb32_in1k': _top1(
-        78.41, f'reported in the RepOptimizers paper (Table 2), {_NOT_REPRODUCED}'
-    ),
-    **{
-        f'cascade-mask-rcnn_{name}_b1_1x_coco': [
-            dict(
-                Task='Object Detection',
-                Dataset='COCO',
-                Metrics={'mAP': ap},
-                Notes='reported in the RepOptimizers paper (Table 7, which does not say whether '
-                f'box or mask AP), {_NOT_REPRODUCED}',
-            )
-        ]
-        for name, ap in (('repopt_vgg', 43.50), ('repvgg', 43.60))
-    },
-    **{
-        f'upernet_{name}_b1_512x1024_40k_cityscapes': _miou(
-            miou, f'reported in the RepOptimizers paper (Table 7), {_NOT_REPRODUCED}', 'Cityscapes'
-        )
-        for name, miou in (('repopt_vgg', 79.36), ('repvgg', 79.15))
-    },
-    # Depth re-parameterization, supervised (DeiT) route: the folded models after joining
-    # (Table 2) and their Mask R-CNN (Table 3, the "DeiT-L'-R" rows; detectron2 recipe)
-    **{
-        f'depthrep_vit_tiny_d{depth}_8xb128_join_in1k': _top1(
-            top1,
-            f'reported in the depth re-parameterization paper (Table 2, DeiT-{depth}-R, '
-            f'folded), {_NOT_REPRODUCED}',
-        )
-        for depth, top1 in ((6, 70.2), (4, 64.1), (3, 58.5))
-    },
-    **{
-        f'mask-rcnn_depthrep_vit_tiny_d{depth}_lsj-100e_coco': _box_mask(
-            box,
-            mask,
-            f'reported in the depth re-parameterization paper (Table 3, DeiT-{depth}-R), '
-            f'{_NOT_REPRODUCED}',
-        )
-        for depth, box, mask in ((6, 38.1, 33.5), (4, 35.1, 31.4), (3, 31.1, 27.1))
-    },
-}
+PAPER_RESULTS = {name: e['Results'] for name, e in load_paper_results().items()}
 
 DATASETS = {
     'CocoDataset': 'COCO',
@@ -558,7 +346,7 @@ def write_index(counts: dict, root: str = ROOT) -> list:
     the files written (relative to ``root``)."""
     unknown = set(PAPER_RESULTS) - {model_name(c) for c in counts}
     if unknown:
-        raise ValueError(f'PAPER_RESULTS names no config: {sorted(unknown)}')
+        raise ValueError(f'{PAPER_RESULTS_FILE} names no config: {sorted(unknown)}')
     files = {}
     for config in sorted(counts):
         entry = model_entry(config, counts[config], root)
