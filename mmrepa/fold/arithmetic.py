@@ -1,6 +1,6 @@
 """The arithmetic shared by every fold."""
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -91,11 +91,27 @@ def affine_into_linear(
     return w * scale, b + w @ shift
 
 
-def affine_after_conv(
+def affine_into_conv(
     conv: nn.Conv2d, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype
 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``conv(x * scale + shift)`` (per input channel: a norm before the conv) as one conv:
+    ``W`` scaled per input channel, ``b + Σ_taps W shift``. Exact only for a conv without
+    padding: a padded tap reads a zero, not ``shift``."""
+    w, b = weight_and_bias(conv, dtype)
+    return w * scale.view(1, -1, 1, 1), b + w.sum(dim=(2, 3)) @ shift
+
+
+def affine_after_conv(
+    conv: Union[nn.Conv2d, torch.Tensor],
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    dtype: torch.dtype,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """``conv(x) * scale + shift`` (per output channel: a norm after the conv) as one conv:
-    ``W`` scaled per output channel, ``b · scale + shift``."""
+    ``W`` scaled per output channel, ``b · scale + shift``. ``conv`` may also be a bare kernel
+    (C_out, C_in, kh, kw), a conv without bias (e.g. the sum of a block's branch kernels)."""
+    if isinstance(conv, torch.Tensor):
+        return conv.to(dtype) * scale.view(-1, 1, 1, 1), shift
     w, b = weight_and_bias(conv, dtype)
     return w * scale.view(-1, 1, 1, 1), b * scale + shift
 

@@ -24,7 +24,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...errors import CheckpointError, ConfigError
 from ...fold import FoldPolicy, Reparameterizable
-from ...fold.arithmetic import batchnorm_affine, norm_fold_problems
+from ...fold.arithmetic import affine_after_conv, batchnorm_affine, norm_fold_problems
 from ...registry import MODELS
 
 
@@ -127,11 +127,6 @@ class _RepOptLayer(Reparameterizable, BaseModule):
         for name in list(self._buffers):
             delattr(self, name)
         self.conv = self.conv3x3(bias=True).to(device=like.device, dtype=like.dtype)
-
-
-def _fold_bn(kernel: torch.Tensor, bn: nn.Module, dtype: torch.dtype):
-    scale, shift = batchnorm_affine(bn, dtype)
-    return kernel.to(dtype) * scale.view(-1, 1, 1, 1), shift
 
 
 @MODELS.register_module()
@@ -261,7 +256,7 @@ class RepOptConvBN(_RepOptLayer):
         self.bn.reset_parameters()
 
     def _fused(self, dtype):
-        return _fold_bn(self.conv.weight, self.bn, dtype)
+        return affine_after_conv(self.conv, *batchnorm_affine(self.bn, dtype), dtype)
 
 
 def _random_kernel(shape, kernel_init: str, generator) -> torch.Tensor:
@@ -342,7 +337,8 @@ class CSLAConvBN(_RepOptLayer):
         return {k: v.detach().clone() for k, v in out.items()}
 
     def _fused(self, dtype):
-        return _fold_bn(self.equivalent_kernel().detach(), self.bn, dtype)
+        kernel = self.equivalent_kernel().detach()
+        return affine_after_conv(kernel, *batchnorm_affine(self.bn, dtype), dtype)
 
 
 @MODELS.register_module()
@@ -386,11 +382,14 @@ class RepVGGConvBN(_RepOptLayer):
         return y if self.rbr_identity is None else y + self.rbr_identity(x)
 
     def _fused(self, dtype, identity: bool = True):
-        kernel, bias = _fold_bn(self.rbr_dense.conv.weight, self.rbr_dense.bn, dtype)
-        k1, b1 = _fold_bn(self.rbr_1x1.conv.weight, self.rbr_1x1.bn, dtype)
+        def conv_bn(conv, bn):
+            return affine_after_conv(conv, *batchnorm_affine(bn, dtype), dtype)
+
+        kernel, bias = conv_bn(self.rbr_dense.conv, self.rbr_dense.bn)
+        k1, b1 = conv_bn(self.rbr_1x1.conv, self.rbr_1x1.bn)
         kernel, bias = kernel + centre_tap(k1), bias + b1
         if identity and self.rbr_identity is not None:
-            ki, bi = _fold_bn(identity_kernel(self.out_channels, kernel), self.rbr_identity, dtype)
+            ki, bi = conv_bn(identity_kernel(self.out_channels, kernel), self.rbr_identity)
             kernel, bias = kernel + ki, bias + bi
         return kernel, bias
 
