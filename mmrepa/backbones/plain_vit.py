@@ -8,7 +8,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmengine.model.weight_init import trunc_normal_
 
 from ..errors import CheckpointError, ConfigError
@@ -19,30 +18,10 @@ from ..layers import (
     draw_token_box,
     swap_token_box,
 )
+from ..layers.pos_embed import resize_pos_embed
 from .base import DenseBackbone
 
 OUT_TYPES = ('avg', 'cls', 'featmap', 'raw')
-
-
-def resize_pos_embed(
-    pos_embed: torch.Tensor,
-    src_shape: Tuple[int, int],
-    dst_shape: Tuple[int, int],
-    mode: str = 'bicubic',
-    num_extra_tokens: int = 0,
-) -> torch.Tensor:
-    """(1, extra + Hs·Ws, C) -> (1, extra + Hd·Wd, C): the patch grid resized with
-    ``F.interpolate`` (``align_corners=False``, as mmpretrain and timm), extra tokens kept.
-
-    Not mmpretrain's ``resize_pos_embed`` nor timm's ``resample_abs_pos_embed``: both resize in
-    float32, which would cut a float64 model's forward (the fold checks) to float32."""
-    if tuple(src_shape) == tuple(dst_shape):
-        return pos_embed
-    extra, grid = pos_embed[:, :num_extra_tokens], pos_embed[:, num_extra_tokens:]
-    C = pos_embed.shape[-1]
-    grid = grid.reshape(1, *src_shape, C).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=tuple(dst_shape), mode=mode, align_corners=False)
-    return torch.cat([extra, grid.flatten(2).transpose(1, 2)], dim=1)
 
 
 class PlainViT(DenseBackbone):

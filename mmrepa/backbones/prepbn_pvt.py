@@ -30,8 +30,8 @@ from ..fold import (
     is_affine_norm,
     norm_affine,
     norm_fold_problems,
-    weight_and_bias,
 )
+from ..fold.arithmetic import affine_into_conv
 from ..layers import (
     ChannelIdleFFN,
     FoldablePatchEmbed,
@@ -40,6 +40,7 @@ from ..layers import (
     channels_last_norm,
     from_linear_norm,
 )
+from ..layers.pos_embed import resize_pos_embed
 from ..options import check_int, per_stage_ratios, pretrained_init_cfg, stage_attn_types
 from ..registry import build_norm_layer
 from .base import DenseBackbone, PRepBNBackbone, drop_path_rates, lookup_arch
@@ -52,13 +53,6 @@ ARCH_SETTINGS: Dict[str, dict] = {
 }
 ARCH_ALIASES = {'t': 'tiny', 's': 'small', 'm': 'medium'}
 ARCH_KEYS = ('embed_dims', 'num_layers', 'num_heads')
-
-
-def _conv_fold(conv: nn.Conv2d, scale, shift, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``conv(x * scale + shift)`` for a conv without padding (every tap sees a real input):
-    ``W`` scaled per input channel, ``b + Σ_taps W shift``."""
-    w, b = weight_and_bias(conv, dtype)
-    return w * scale.view(1, -1, 1, 1), b + w.sum(dim=(2, 3)) @ shift
 
 
 class SpatialReductionAttention(Reparameterizable, BaseModule):
@@ -209,7 +203,7 @@ class PVTBlock(PreNormBlock):
         out = {}
         for name in self._readers():
             layer = getattr(self.attn, name)
-            fold = _conv_fold if isinstance(layer, nn.Conv2d) else affine_into_linear
+            fold = affine_into_conv if isinstance(layer, nn.Conv2d) else affine_into_linear
             out[f'attn.{name}.weight'], out[f'attn.{name}.bias'] = fold(layer, scale, shift, dtype)
         return out
 
@@ -242,12 +236,8 @@ class PVTStage(BaseModule):
         self.blocks = ModuleList(blocks)
 
     def position_embedding(self, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """The embedding bilinearly resized to the map, as mmdet's PVT (align_corners=False;
-        at the pretraining size the resize is the identity and is skipped)."""
-        if tuple(hw_shape) == tuple(self.pos_shape):
-            return self.pos_embed
-        pe = self.pos_embed.reshape(1, *self.pos_shape, -1).permute(0, 3, 1, 2)
-        return F.interpolate(pe, size=hw_shape, mode='bilinear').flatten(2).transpose(1, 2)
+        """The embedding bilinearly resized to the map, as mmdet's PVT."""
+        return resize_pos_embed(self.pos_embed, self.pos_shape, hw_shape, mode='bilinear')
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]):
         if self.pos_embed is not None:
