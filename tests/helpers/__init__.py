@@ -1,0 +1,92 @@
+"""What the tests share: the repository's paths (:mod:`.paths`), small models and random weights
+(:mod:`.models`), configs (:mod:`.configs`), running a tool as a subprocess or in this process
+(:mod:`.processes`), and the independent reference implementations (:mod:`.references`,
+:mod:`.numerics`) that more than one test module checks against. Test modules import from here,
+never from each other; fixtures live in conftest.py."""
+
+from .configs import (
+    CLASSES,
+    ITERS,
+    demo_cfg,
+    memoize_config_parsing,
+    parse_options,
+    shapes_cfg_options,
+    tiny_classifier_config,
+    write_images,
+)
+from .models import (
+    METAFORMER_TINY,
+    REPOPT_VGG_TINY,
+    TINY_ARCH,
+    backbone_outputs,
+    csla_model_like,
+    feature_channels,
+    max_abs_diff,
+    random_scales,
+    randomize_,
+    set_feature_channels,
+    target_scales,
+)
+from .numerics import KeepResults, rounding_condition
+from .paths import DEMO, ROOT, config_paths
+from .processes import (
+    assert_no_warnings,
+    free_port,
+    fresh_mmengine_instances,
+    own_script,
+    run,
+    run_script_here,
+    run_tool,
+    script_module,
+    tool_process,
+    written_metrics,
+)
+from .references import (
+    naive_windowed_attention,
+    reference_attention,
+    reference_block,
+    reference_ffn,
+    reference_windows,
+)
+
+__all__ = [
+    'CLASSES',
+    'DEMO',
+    'ITERS',
+    'METAFORMER_TINY',
+    'REPOPT_VGG_TINY',
+    'ROOT',
+    'TINY_ARCH',
+    'KeepResults',
+    'assert_no_warnings',
+    'backbone_outputs',
+    'config_paths',
+    'csla_model_like',
+    'demo_cfg',
+    'feature_channels',
+    'free_port',
+    'fresh_mmengine_instances',
+    'max_abs_diff',
+    'memoize_config_parsing',
+    'naive_windowed_attention',
+    'own_script',
+    'parse_options',
+    'random_scales',
+    'randomize_',
+    'reference_attention',
+    'reference_block',
+    'reference_ffn',
+    'reference_windows',
+    'rounding_condition',
+    'run',
+    'run_script_here',
+    'run_tool',
+    'script_module',
+    'set_feature_channels',
+    'shapes_cfg_options',
+    'target_scales',
+    'tiny_classifier_config',
+    'tool_process',
+    'written_metrics',
+    'write_images',
+]
