@@ -11,6 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader
 
 from ...errors import ConfigError, InputError
+from .sharding import is_sharded
 
 
 @torch.no_grad()
@@ -169,7 +170,7 @@ class BNRecalibrationHook(Hook):
         targets = [h.ema_model.module for h in emas] or [model]
         loader = own_iterator_loader(runner.train_dataloader)
         # FSDP gathers a unit's weights in its own forward: run the whole sharded model
-        through = runner.model if _is_sharded(runner.model) else None
+        through = runner.model if is_sharded(runner.model) else None
         for target in targets:
             used = recalibrate_model_bn(target, loader, self.num_batches, through)
             used = average_bn_statistics(target, used)
@@ -181,12 +182,6 @@ class BNRecalibrationHook(Hook):
             f'BNRecalibrationHook: {which} BatchNorm statistics re-estimated on '
             f'{used} training batches (weights frozen, drop-path off)'
         )
-
-
-def _is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(model, FullyShardedDataParallel)
 
 
 def own_iterator_loader(loader: Iterable) -> Iterable:

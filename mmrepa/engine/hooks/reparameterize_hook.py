@@ -12,6 +12,7 @@ from mmengine.runner.amp import autocast
 
 from ...fold import fold_model
 from ...utils.latency import time_interleaved
+from .sharding import is_sharded
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -47,13 +48,6 @@ def _outputs(model: nn.Module, data: dict, shared: dict):
         proposals = copy.deepcopy(shared['proposals'])
         return model.rpn_head(x), model.roi_head.forward(x, proposals, data['data_samples'])
     return model(**data, mode='tensor')
-
-
-def _is_sharded(wrapper: Optional[nn.Module]) -> bool:
-    """An FSDP model: its parameters are pieces, folded on a gathered copy."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(wrapper, FullyShardedDataParallel)
 
 
 def _batch_size(batch) -> int:
@@ -119,7 +113,7 @@ class ReparameterizeHook(Hook):
     def before_test_epoch(self, runner) -> None:
         wrapper = runner.model if is_model_wrapper(runner.model) else None
         model = wrapper.module if wrapper is not None else runner.model
-        if _is_sharded(wrapper):  # fold an unsharded copy; the shards stay as they are
+        if is_sharded(wrapper):  # fold an unsharded copy; the shards stay as they are
             self._sharded, wrapper = wrapper, None
             model = runner.strategy.full_model()
         model.eval()
