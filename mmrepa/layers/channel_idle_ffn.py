@@ -1,4 +1,4 @@
-"""The channel-idle FFN of RePaFormer (SPEC §1) and its exact three-matrix fold."""
+"""The channel-idle FFN of RePaFormer (its §4.1, Eq. 3) and its exact three-matrix fold (§4.2)."""
 
 import math
 from typing import List, Optional
@@ -342,8 +342,8 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         )
 
     def _fold_tensors(self, dtype: torch.dtype, policy: FoldPolicy) -> dict:
-        """The three-matrix form (SPEC §1); ``policy.identity_apart`` leaves the shortcut out
-        of ``in_proj`` (added after it, as when the pre-norm does not fold)."""
+        """The three-matrix form (RePaFormer §4.2, Eqs. 6-7); ``policy.identity_apart`` leaves
+        the shortcut out of ``in_proj`` (added after it, as when the pre-norm does not fold)."""
         a = self.active_channels
         fold_shortcut = self.shortcut_folded and not policy.identity_apart
 

@@ -1,4 +1,4 @@
-"""SLAB's simplified linear attention (SLA, SPEC §2) inside windows."""
+"""SLAB's simplified linear attention (SLA, the SLAB paper's §4.2) inside windows."""
 
 from typing import Optional, Tuple, Union
 

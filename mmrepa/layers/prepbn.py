@@ -1,4 +1,4 @@
-"""RepBN and progressive RepBN (PRepBN) of SLAB (SPEC §2), on channels-last tokens (..., C)."""
+"""RepBN and progressive RepBN (PRepBN) of SLAB (its §4.1), on channels-last tokens (..., C)."""
 
 import re
 from typing import Dict, Tuple

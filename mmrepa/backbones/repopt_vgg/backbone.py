@@ -1,5 +1,6 @@
 """RepOpt-VGG (RepOptimizers): a plain VGG-style network of 3x3 conv-BN-ReLU layers, trained
-with gradient multipliers instead of training-time branches (SPEC-repopt §6).
+with gradient multipliers instead of training-time branches (Ding et al., Re-parameterizing
+Your Optimizers rather than Architectures).
 
 ``mode`` picks the layer form: ``'target'`` (the plain layers a RepOptimizer trains, with the
 Hyper-Search constants as buffers), ``'hs'`` (Hyper-Search: learns the constants), ``'csla'``
@@ -22,7 +23,7 @@ from ...layers.grad_checkpoint import checkpoint_forward
 from ..base import DenseBackbone, lookup_arch
 from .blocks import CSLAConvBN, RepOptConvBN, RepVGGConvBN, hyper_search_init
 
-# depths of stages 1-4, their widths, the stem's width (SPEC-repopt §6.1)
+# depths of stages 1-4, their widths, the stem's width (the RepOptimizers paper's Table 1)
 ARCH_SETTINGS = {
     'B1': dict(depths=(4, 6, 16, 1), widths=(128, 256, 512, 2048), stem_width=64),
     'B2': dict(depths=(4, 6, 16, 1), widths=(160, 320, 640, 2560), stem_width=64),
@@ -280,7 +281,7 @@ class RepOptVGG(DenseBackbone):
             self.reinitialize()
 
     def reinitialize(self, generator: Optional[torch.Generator] = None) -> None:
-        """Apply the rule of initialization to every layer (SPEC-repopt §6.3)."""
+        """Apply the rule of initialization to every layer (the paper's §3.4, Eq. 4)."""
         used = [name for name, m in self.layers().items() if int(m.bn.num_batches_tracked) > 0]
         if used:
             raise RuntimeError(

@@ -1,7 +1,8 @@
 """The layers of RepOpt-VGG (RepOptimizers): one 3x3 conv-BN-ReLU in three training forms.
 
 - :class:`RepOptConvBN`, the *target*: the plain layer a RepOptimizer trains. Its gradient is
-  multiplied by constants that make it train as the CSLA block would (SPEC-repopt §6.2).
+  multiplied by constants that make it train as the CSLA block would (the RepOptimizers
+  paper's §3.2, Eqs. 2-3).
 - :class:`CSLAConvBN`, the block it emulates: ``BN(s ⊙ conv3x3(x) + t ⊙ conv1x1(x) + i ⊙ x)``.
   In Hyper-Search (``trainable_scales=True``) s, t and i are learned; as the CSLA reference s and t
   are constants.
@@ -230,11 +231,11 @@ class RepOptConvBN(_RepOptLayer):
         identity_init: str = 'searched',
         generator: Optional[torch.Generator] = None,
     ) -> None:
-        """The rule of initialization (SPEC-repopt §6.3): ``W = s ⊙ K0 + centre(t ⊙ P0) +
-        diag_centre(i0)`` with fresh random K0, P0 (``kernel_init``: ``'torch'``, PyTorch's
-        Conv2d default as the released models; ``'msra'``, the paper's), ``i0`` the searched
-        identity scale or 1 (``identity_init``: ``'searched'`` | ``'one'``); BN reset.
-        From scratch only: never over loaded weights."""
+        """The rule of initialization (the RepOptimizers paper's §3.4, Eq. 4):
+        ``W = s ⊙ K0 + centre(t ⊙ P0) + diag_centre(i0)`` with fresh random K0, P0
+        (``kernel_init``: ``'torch'``, PyTorch's Conv2d default as the released models;
+        ``'msra'``, the paper's), ``i0`` the searched identity scale or 1 (``identity_init``:
+        ``'searched'`` | ``'one'``); BN reset. From scratch only: never over loaded weights."""
         weight = self.conv.weight
         k0 = _random_kernel(weight.shape, kernel_init, generator).to(weight)
         p0 = _random_kernel((*weight.shape[:2], 1, 1), kernel_init, generator).to(weight)

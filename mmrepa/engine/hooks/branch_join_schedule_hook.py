@@ -10,7 +10,7 @@ from ...errors import ConfigError
 from .scheduled_scalar_hook import ScheduledScalarHook, check_iters_or_ratio, iterations
 
 JOIN_SCHEDULE_MODES = ('linear', 'cosine', 'exp', 'sqrt')
-EXP_RATE = 5.0  # the paper's exponential schedule 1 − e^(−5t), SPEC-depth §7.3
+EXP_RATE = 5.0  # the depth paper's exponential schedule 1 − e^(−5t) (appendix B.2, Eq. 12)
 
 
 def join_lambda(it: int, begin_iter: int, end_iter: int, mode: str = 'linear') -> float:
@@ -63,8 +63,8 @@ def join_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
 @HOOKS.register_module()
 class BranchJoinScheduleHook(ScheduledScalarHook):
     """Set λ of every joined module (:class:`~mmrepa.backbones.depth_rep_vit.JoinedBlock`,
-    JoinedAttention, JoinedFFN) from the runner's iteration: the depth joining ramp of
-    SPEC-depth §7.3.
+    JoinedAttention, JoinedFFN) from the runner's iteration: the joining ramp λ(t) of the depth
+    re-parameterization paper (Zhou et al., §3.3 and appendix B.2).
 
     Before every training iteration ``it = runner.iter`` (0 for the first), and once in
     ``before_train``, every joined module gets ``λ = join_lambda(it, begin_iter, end_iter,

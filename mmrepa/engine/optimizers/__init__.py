@@ -1,5 +1,6 @@
-"""Gradient re-parameterization (RepOptimizers, SPEC-repopt §6): optimizers that train a plain
-model exactly like its imaginary multi-branch CSLA model, and the constructor that builds them.
+"""Gradient re-parameterization (Ding et al., Re-parameterizing Your Optimizers rather than
+Architectures, §3): optimizers that train a plain model exactly like its imaginary multi-branch
+CSLA model, and the constructor that builds them.
 
 Registered in mmengine's root registries: ``RepOptSGD`` and ``RepOptAdamW`` in ``OPTIMIZERS``,
 ``RepOptOptimWrapperConstructor`` in ``OPTIM_WRAPPER_CONSTRUCTORS``.

@@ -1,5 +1,5 @@
 """The branch scales of RepOpt kernels: collecting them from a model and turning them into the
-SGD gradient multiplier (SPEC-repopt §6.2).
+SGD gradient multiplier (the RepOptimizers paper's Grad Mult, §3.2, Eq. 3).
 
 A module that takes part in gradient re-parameterization has a method
 ``repopt_branch_scales() -> Dict[nn.Parameter, Tensor]``. It maps its kernel ``W'``
@@ -19,7 +19,7 @@ import torch.nn as nn
 BranchScales = Dict[nn.Parameter, torch.Tensor]
 
 # dtypes that cannot hold the released multipliers: L2's smallest s^2 is 9.5e-12, below
-# float16's smallest subnormal, and bfloat16 keeps 8 bits of mantissa (SPEC pitfall 10)
+# float16's smallest subnormal, and bfloat16 keeps 8 bits of mantissa
 _TOO_NARROW = (torch.float16, torch.bfloat16)
 
 

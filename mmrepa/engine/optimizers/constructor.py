@@ -69,7 +69,7 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
       ``custom_keys`` entry or another paramwise rule matched it). One kernel holds all
       branches of a layer, so such a setting is the same for all of them and still describes
       *a* CSLA, but one whose identity scale and 1x1 branch are trained
-      differently from the one the scales were searched for (SPEC pitfall 13). Non-strict
+      differently from the one the scales were searched for. Non-strict
       mode is for deliberate cases such as a backbone ``lr_mult`` when fine-tuning. Frozen
       kernels (``frozen_stages``) are fine: they never move, as frozen CSLA layers would not.
     """
@@ -124,7 +124,8 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             raise ConfigError(
                 f'optim_wrapper.clip_grad={given!r} clips by the plain gradient norm (or value), '
                 'which breaks the equivalence between RepOpt training and the CSLA model '
-                "(SPEC-repopt §6.4); use clip_grad=dict(type='csla', max_norm=...) to clip by "
+                "(docs/backbones/repopt_vgg.md, Optimizers); use clip_grad=dict(type='csla', "
+                'max_norm=...) to clip by '
                 "the CSLA model's gradient norm, or remove clip_grad"
             )
         unknown = set(clip) - {'max_norm', 'norm_type', 'error_if_nonfinite'}
@@ -183,7 +184,7 @@ class RepOptOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                         f'RepOpt kernel {name!r} gets {option}={value} from {why} instead of '
                         f"the optimizer's {option}={base}: a {mult} on a RepOpt kernel "
                         'applies to every branch of the emulated CSLA layer, its identity '
-                        'scale included (SPEC pitfall 13)'
+                        'scale included'
                     )
             kept[p] = a
         return kept

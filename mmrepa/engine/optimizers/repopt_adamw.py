@@ -15,7 +15,8 @@ _MODES = ('exact', 'official')
 
 @OPTIMIZERS.register_module()
 class RepOptAdamW(RepOptOptimizer):
-    """AdamW with gradient re-parameterization (SPEC-repopt §6.4).
+    """AdamW with gradient re-parameterization: the RepOptimizers paper's CSLA = GR (§3.2)
+    carried over to AdamW (docs/backbones/repopt_vgg.md, Optimizers).
 
     A CSLA branch ``k`` with constant scale ``alpha_k`` feeds each kernel entry one-to-one,
     so its Adam moments are ``alpha_k * m`` and ``alpha_k**2 * v``, where ``m``, ``v`` are the

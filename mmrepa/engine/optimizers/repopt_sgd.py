@@ -14,7 +14,8 @@ from .branch_scales import branch_multiplier, compute_dtype
 
 @OPTIMIZERS.register_module()
 class RepOptSGD(RepOptOptimizer):
-    """SGD with gradient re-parameterization (SPEC-repopt §6.4).
+    """SGD with gradient re-parameterization (the RepOptimizers paper's Rule of Iteration, §3.2
+    Eq. 2, proved in its appendix A).
 
     For a RepOpt kernel ``W'`` with multiplier ``M = sum_k alpha_k**2`` (float32, or float64
     for float64 parameters), per step::
@@ -91,7 +92,7 @@ class RepOptSGD(RepOptOptimizer):
         torch's own functional SGD does the update on the multiplied gradients, so every
         parameter follows ``torch.optim.SGD`` by construction. Its single-tensor path
         (``foreach=False``): the multi-tensor one adds the momentum into the gradients in
-        place with nesterov, and ``p.grad`` must keep the raw gradient (SPEC pitfall 11).
+        place with nesterov, and ``p.grad`` must keep the raw gradient.
         """
         loss, coef = self._begin_step(closure)
         for group in self.param_groups:
