@@ -22,10 +22,10 @@ from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
 # of n ≤ ~10^3 terms errs by at most γ_n ≈ n·u64 of the sum of their magnitudes (≲ 10), about
 # 1e-12 a layer, and a model adds at most ~10^2 of those; observed errors stay near 1e-13.
 # A missing fold term or a wrong BatchNorm statistic moves outputs by 1e-3 or more.
-# Not derived: the float32 backbone fold (test_backbone_fold_is_close_in_float32) at 1e-4 of
-# each output's scale. The simplified linear attention's normaliser makes stage 0 ill-conditioned
-# (the unfolded float32 forward alone is up to 6e-5 off float64 on the same weights), and the
-# check uses up to 0.86 of it here (0.95 on another seed); it needs a condition factor (issue 38).
+# The float32 backbone fold (test_backbone_fold_is_close_in_float32) is measured against the
+# float64 forward on the same weights and input: the folded float32 model must be as close to it
+# as the unfolded float32 model is, up to a factor (see the test), so the bound follows the
+# float32 error of this machine's kernels instead of one machine's number.
 
 LINEAR_WINDOWS = (8, 6, 5, 3)  # small SLA windows, so that small inputs still pad
 # sizes that are multiples of neither the windows nor 32
@@ -79,12 +79,22 @@ def test_backbone_fold_is_exact_in_float64(hw, attn_types, idle):
 
 @pytest.mark.parametrize('attn_types', ['SSSS', 'LLSS'])
 def test_backbone_fold_is_close_in_float32(attn_types):
+    """Folded and unfolded float32 models evaluate one function with rounding errors of one
+    kind (the folded one runs fewer operations and rounds each folded weight once more, u|W|),
+    so against the float64 forward on the same data the folded one errs by the unfolded one's
+    error times a small factor: 4 covers two draws of that error (the ratio stays within
+    0.2-2.0 over 8 seeds, both attention layouts) plus one rounding of the output, u max|y|.
+    The simplified linear attention makes stage 0 ill-conditioned (errors ~1e3 u), which a
+    fixed tolerance would have to fit; a wrong fold term moves outputs by 1e-3 or more."""
     model = tiny(torch.float32, attn_types=attn_types)
     x = torch.randn(1, 3, 75, 101)
-    ref = model(x)
-    out = reparameterize(copy.deepcopy(model))(x)
-    for r, o in zip(ref, out):
-        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4 * r.abs().max().item())
+    exact = copy.deepcopy(model).double()(x.double())
+    unfolded = model(x)
+    folded = reparameterize(copy.deepcopy(model))(x)
+    u = 2.0**-24
+    for y, r, o in zip(exact, unfolded, folded):
+        bound = 4 * (r.double() - y).abs().max().item() + u * y.abs().max().item()
+        assert (o.double() - y).abs().max().item() <= bound
 
 
 def test_deploy_round_trip_and_idempotence():
