@@ -21,11 +21,11 @@ TIERS = ('unit', 'integration')
 def _no_full_collection_per_dataset():
     """mmengine's ``BaseDataset`` runs ``gc.collect()`` after serializing its annotations (to
     free the list before dataloader workers fork). In a test worker whose heap holds every
-    library imported so far, one full collection takes ~1 s, and every Runner, tool run in
-    process and pipeline built here builds one to three data sets of a few images (a quantize
-    test alone, profiled on a loaded machine: 19 collections, 17 s of its 54 s). All it saves
-    is memory a forked dataloader worker would copy, and the tests measure no memory: a no-op
-    here, for the data set module only."""
+    library imported so far, one full collection is slow, and every Runner, tool run in
+    process and pipeline built here builds one to three data sets of a few images (the cost:
+    docs/speed.md, "Overheads of the tools and the tests"). All it saves is memory a forked
+    dataloader worker would copy, and the tests measure no memory: a no-op here, for the data
+    set module only."""
     from mmengine.dataset import base_dataset
 
     base_dataset.gc = types.SimpleNamespace(collect=lambda generation=2: 0)
@@ -34,8 +34,7 @@ def _no_full_collection_per_dataset():
 def pytest_configure(config):
     """The processes that run tests (one, or xdist's workers) parse configs once and skip
     mmengine's full collections. xdist's controller runs none: it does not even import torch
-    or tests.helpers here (4-6 s before the workers start, when nothing else runs: 2-core AMD
-    EPYC, AVX2, a one-file run with -n 2)."""
+    or tests.helpers here (seconds before the workers start, when nothing else runs)."""
     if getattr(config.option, 'numprocesses', None) and not hasattr(config, 'workerinput'):
         return
     from tests.helpers import memoize_config_parsing
@@ -86,10 +85,10 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True, scope='module')
 def _old_objects_out_of_full_collections():
     """A worker's heap holds every library imported so far (millions of objects), and each
-    automatic full collection walks all of it (~0.4 s; 14.5 s of test_runner + test_tools).
-    What is alive when a module starts (libraries, session fixtures) is frozen: full
-    collections walk what the tests create since (gen-2 time of those two files: 4.8 s). A
-    cycle that dies later among frozen objects is not freed; a test process can afford that."""
+    automatic full collection walks all of it (measured in docs/speed.md, "Overheads of the
+    tools and the tests"). What is alive when a module starts (libraries, session fixtures) is
+    frozen: full collections walk what the tests create since. A cycle that dies later among
+    frozen objects is not freed; a test process can afford that."""
     gc.collect()
     gc.freeze()
     yield

@@ -4,9 +4,8 @@ A tool imports torch, mmengine and a codebase (mmdet, mmseg, mmpretrain): half a
 the collector tracks (torch, mmrepa and mmdet), alive until the tool exits. Its full collections
 walk all of them: several while they are imported, at each dataset mmengine builds (it calls
 ``gc.collect()``), in ``torch.load``, at exit. :func:`freeze_loaded_objects` moves what exists to
-the collector's permanent generation (``gc.freeze``), which it no longer walks: ``tools/test.py``
-of the classification demo's checkpoint went from 10.9-13.2 s to 8.9-10.9 s (user CPU 9.6-11.6
-to 7.7-9.4 s; 2-core AMD EPYC, AVX2 only, one thread, idle, four interleaved pairs). Python's
+the collector's permanent generation (``gc.freeze``), which it no longer walks: a tool's run
+gets shorter (measured in docs/speed.md, "Overheads of the tools and the tests"). Python's
 documentation also recommends it before forking (the DataLoader's workers), so that the workers'
 collections do not write to the shared pages. Frozen objects are still freed by reference
 counting; only cycles among them would stay.

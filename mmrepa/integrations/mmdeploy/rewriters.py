@@ -43,9 +43,8 @@ nothing changes.
    and these, calls it) finds the calling rewrite through ``inspect.stack()``, which reads the
    source line of every frame on the stack and, for frames without a file (the import
    system's), searches all of ``sys.modules`` for their module. :func:`frame_func` takes the
-   same frame without reading anything: a Mask R-CNN and a RetinaNet export (the demo models,
-   tests/integration/test_mmdeploy.py) went from 24 s to 15 s (two runs each way, 2-core AMD
-   EPYC, AVX2, one thread).
+   same frame without reading anything, which makes an export much shorter (measured in
+   docs/speed.md, "Overheads of the tools and the tests").
 
 The attention rewrites key on mmrepa's own methods (mmdeploy's Swin rewrites key on mmdet's
 ``WindowMSA`` / ``ShiftWindowMSA`` and never apply to mmrepa's). mmrepa's shifted-window
