@@ -276,7 +276,9 @@ def check_config(path):
         assert len(preds) == 2
         # the folded backbone gives the same features, compared in float64: untrained RepBN
         # norms (PRepBN configs) do not normalise, and the resulting backbone is so
-        # ill-conditioned that fp32 rounding alone moves its outputs by more than 1e-4
+        # ill-conditioned that fp32 rounding alone moves its outputs by more than 1e-4, a
+        # condition factor of ~2e3 over u32 = 6e-8; times u64 = 1.1e-16 that is ~1e-13, and
+        # 1e-6 leaves room for conditions 10^7 times worse (a wrong fold moves them by 1e-2)
         backbone = copy.deepcopy(model.backbone).double()
         for _, m in join_modules(backbone):  # a model that joins branches folds once joined
             m.set_join_lambda(1.0)

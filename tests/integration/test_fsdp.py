@@ -100,10 +100,16 @@ def launch(tmp_path_factory):
     return root, work, ranks
 
 
-def assert_close(a, b, what):
-    assert a.keys() == b.keys(), what
-    for k in a:
-        assert torch.allclose(a[k].double(), b[k].double(), rtol=1e-5, atol=1e-6), (what, k)
+# float32 DDP against FSDP: 2 ranks' gradients sum exactly in either order and halving is
+# exact, so the bits agree where both run one kernel; a kernel that treats a flat shard's tail
+# apart from its vector body may round an elementwise AdamW operation differently, once each:
+# 4 steps x at most 16 roundings of u = 2^-24, relative to the parameter or to its step
+# (lr times Adam's normalised update, below the parameter's scale here)
+FLOAT32_STEPS = dict(rtol=64 * 2.0**-24, atol=64 * 2.0**-24)
+
+# float64 against float64 in another order of sums: a sum of n <= 10^3 terms errs by at most
+# gamma_n ~ 1e-13 of its magnitudes (u = 2^-53), a few steps add a few of those
+FLOAT64_ORDER = dict(rtol=1e-10, atol=1e-12)
 
 
 def test_sharded_training_equals_ddp(launch):
@@ -111,7 +117,7 @@ def test_sharded_training_equals_ddp(launch):
     r0, r1 = launch[2][0]['depth'], launch[2][1]['depth']
     assert r0['ddp'].keys() == r0['fsdp'].keys()
     for k, v in r0['ddp'].items():
-        assert torch.allclose(v.double(), r0['fsdp'][k].double(), rtol=1e-6, atol=1e-7), k
+        assert torch.allclose(v.double(), r0['fsdp'][k].double(), **FLOAT32_STEPS), k
         assert torch.equal(r0['fsdp'][k], r1['fsdp'][k]), k
     lams = [float(v) for k, v in r0['fsdp'].items() if k.endswith('join_lambda')]
     assert lams and set(lams) == {1.0}  # the schedule ran on every rank: foldable
@@ -148,9 +154,11 @@ def test_sharded_training_equals_one_process(launch, backbone, mode):
         sharded = launch[2][rank]['reference'][backbone][mode]
         assert sharded.keys() == single.keys()
         for k, v in single.items():
-            assert v.dtype == torch.float64 and torch.allclose(
-                sharded[k], v, rtol=1e-10, atol=1e-12
-            ), (rank, k, (sharded[k] - v).abs().max())
+            assert v.dtype == torch.float64 and torch.allclose(sharded[k], v, **FLOAT64_ORDER), (
+                rank,
+                k,
+                (sharded[k] - v).abs().max(),
+            )
 
 
 def test_bf16_mixed_precision(launch):
@@ -216,7 +224,7 @@ def test_repopt_optimizers_on_pieces_equal_ddp(launch, optimizer):
     assert fsdp_decays == ddp_decays and fsdp_decays['head.weight'] > 0
     assert ddp.keys() == fsdp.keys()
     for k, v in ddp.items():
-        assert torch.allclose(v, fsdp[k], rtol=1e-10, atol=1e-12), k
+        assert torch.allclose(v, fsdp[k], **FLOAT64_ORDER), k
     assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-12)
     assert min(ddp_norms) > 0.05  # every step clipped (max_norm 0.05)
     other = launch[2][1]['repopt'][optimizer]['fsdp'][0]
@@ -248,7 +256,7 @@ def test_consolidated_checkpoint_tests_like_the_sharded_run(launch):
     sharded, out = osp.join(work, 'swin_fsdp', 'iter_4.pth'), str(root / 'full.pth')
     run_script_here('tools/consolidate_checkpoint.py', sharded, out)
     full = load_checkpoint_file(out)['state_dict']
-    assert_close(full, ranks[0]['swin']['fsdp'], 'consolidated')
+    assert full.keys() == ranks[0]['swin']['fsdp'].keys()
     assert all(torch.equal(full[k], v) for k, v in ranks[0]['swin']['fsdp'].items())
     # single process, folded, from the consolidated checkpoint: the sharded run's metric
     metrics = str(root / 'metrics.json')
