@@ -2,7 +2,7 @@
 exact CSLA-norm gradient clipping."""
 
 import math
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -12,6 +12,13 @@ from torch.optim import Optimizer
 
 from ...errors import ConfigError
 from .branch_scales import BranchScales, check_branch_scales, compute_dtype
+
+
+def check_nonnegative(owner: str, **values: float) -> None:
+    """Refuse the first negative hyper-parameter of ``owner``, named, in the order given."""
+    for name, value in values.items():
+        if value < 0:
+            raise ConfigError(f'{owner}: {name} must be >= 0, got {value}')
 
 
 class RepOptOptimizer(Optimizer):
@@ -29,6 +36,10 @@ class RepOptOptimizer(Optimizer):
 
     Sharded training gives each rank pieces of the kernels: ``FoldableFSDPStrategy`` attaches
     the matching slices of the scales and :meth:`set_shard_group`; nothing here knows FSDP.
+
+    Subclasses keep what they need of the scales (:meth:`_prepare_scales`), say what the SGD
+    multiplier is (:meth:`multiplier`) and update one parameter group (:meth:`_step_group`);
+    :meth:`step` does the rest.
     """
 
     def __init__(self, params, defaults: dict):
@@ -162,11 +173,16 @@ class RepOptOptimizer(Optimizer):
         gradient norm then sums over the ranks. ``None``: each rank holds whole tensors."""
         self.shard_group = group
 
+    def _group_params(self, group: dict) -> List[nn.Parameter]:
+        """The parameters of ``group`` that have a gradient; a sparse gradient is refused."""
+        params = [p for p in group['params'] if p.grad is not None]
+        if any(p.grad.is_sparse for p in params):
+            raise RuntimeError(f'{type(self).__name__} does not support sparse gradients')
+        return params
+
     def _params_with_grad(self) -> Iterator[nn.Parameter]:
         for group in self.param_groups:
-            for p in group['params']:
-                if p.grad is not None:
-                    yield p
+            yield from self._group_params(group)
 
     @torch.no_grad()
     def csla_grad_norm(self) -> torch.Tensor:
@@ -177,8 +193,6 @@ class RepOptOptimizer(Optimizer):
         dtypes = [p.dtype for group in self.param_groups for p in group['params']]
         dtypes += [t.dtype for t in (self._repopt or {}).values()]
         for p in self._params_with_grad():
-            if p.grad.is_sparse:
-                raise RuntimeError(f'{type(self).__name__} does not support sparse gradients')
             m = self.multiplier(p)
             g = p.grad.to(compute_dtype(p.grad.dtype, m.dtype if m is not None else p.dtype))
             squares.append((g * g * m).sum() if m is not None else (g * g).sum())
@@ -210,14 +224,32 @@ class RepOptOptimizer(Optimizer):
         # torch.nn.utils.clip_grad_norm_'s formula, to match clipped CSLA training exactly
         return torch.clamp(self.csla_clip['max_norm'] / (norm + 1e-6), max=1.0)
 
-    def _begin_step(self, closure) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """What every step does first: ``(loss of closure() or None, clipping factor)``."""
+    @staticmethod
+    def _scaled(g: torch.Tensor, coef: Optional[torch.Tensor]) -> torch.Tensor:
+        return g if coef is None else g * coef.to(g.device, g.dtype)
+
+    # --- the step -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update (see the subclass's docstring); ``closure`` re-evaluates the loss.
+
+        Each group's parameters that have a gradient are updated from their raw gradients
+        after the CSLA-norm clipping (new tensors: ``p.grad`` is left alone)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        return loss, self._clip_coef()
+        coef = self._clip_coef()
+        for group in self.param_groups:
+            params = self._group_params(group)
+            if params:
+                self._step_group(group, params, [self._scaled(p.grad, coef) for p in params])
+        return loss
 
-    @staticmethod
-    def _scaled(g: torch.Tensor, coef: Optional[torch.Tensor]) -> torch.Tensor:
-        return g if coef is None else g * coef.to(g.device, g.dtype)
+    def _step_group(
+        self, group: dict, params: List[nn.Parameter], grads: List[torch.Tensor]
+    ) -> None:
+        """Update ``params`` (those of ``group`` with a gradient) from ``grads``, their raw
+        gradients after clipping; a gradient may be ``p.grad`` itself, not to be written."""
+        raise NotImplementedError

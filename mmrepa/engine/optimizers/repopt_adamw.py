@@ -1,13 +1,14 @@
 """RepOptAdamW: AdamW that reproduces AdamW on the imaginary CSLA block branch by branch."""
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.registry import OPTIMIZERS
+from torch.optim.adamw import adamw
 
 from ...errors import ConfigError
-from .base import RepOptOptimizer
+from .base import RepOptOptimizer, check_nonnegative
 from .branch_scales import branch_multiplier, compute_dtype
 
 _MODES = ('exact', 'official')
@@ -28,9 +29,11 @@ class RepOptAdamW(RepOptOptimizer):
     (``m^``, ``v^`` bias-corrected; the sum runs over the, at most 3, branches covering an
     entry: terms with ``alpha_k = 0`` vanish). The moments are kept on the raw gradient in
     torch's state layout (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``), so
-    ``state_dict()`` round-trips and parameters without scales are updated bit for bit like
-    ``torch.optim.AdamW`` (single-tensor path). ``amsgrad`` is exact too: the running maximum
-    of ``alpha_k**2 * v`` is ``alpha_k**2`` times that of ``v``. ``p.grad`` is never modified.
+    ``state_dict()`` round-trips. torch's functional ``adamw`` (single-tensor path) computes
+    every update: parameters without scales are updated by it as ``torch.optim.AdamW`` does,
+    and each term of the sum is its step of one branch. ``amsgrad`` is exact too: the running
+    maximum of ``alpha_k**2 * v`` is ``alpha_k**2`` times that of ``v``. ``p.grad`` is never
+    modified.
 
     Args:
         params: Parameters or parameter groups.
@@ -56,14 +59,9 @@ class RepOptAdamW(RepOptOptimizer):
         amsgrad: bool = False,
         mode: str = 'exact',
     ):
-        if lr < 0:
-            raise ConfigError(f'RepOptAdamW: lr must be >= 0, got {lr}')
-        if eps < 0:
-            raise ConfigError(f'RepOptAdamW: eps must be >= 0, got {eps}')
+        check_nonnegative('RepOptAdamW', lr=lr, eps=eps, weight_decay=weight_decay)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ConfigError(f'RepOptAdamW: betas must lie in [0, 1), got {betas}')
-        if weight_decay < 0:
-            raise ConfigError(f'RepOptAdamW: weight_decay must be >= 0, got {weight_decay}')
         if mode not in _MODES:
             raise ConfigError(f'RepOptAdamW: mode must be one of {_MODES}, got {mode!r}')
         defaults = dict(
@@ -84,64 +82,92 @@ class RepOptAdamW(RepOptOptimizer):
         a = self._stored(p)
         return None if a is None else branch_multiplier(a, a.dtype)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One update (see the class docstring); ``closure`` re-evaluates the loss."""
-        loss, coef = self._begin_step(closure)
-        for group in self.param_groups:
-            lr = group['lr']
-            beta1, beta2 = group['betas']
-            eps = group['eps']
-            weight_decay = group['weight_decay']
-            amsgrad = group['amsgrad']
-            official = group.get('mode', 'exact') == 'official'
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError('RepOptAdamW does not support sparse gradients')
-                grad = self._scaled(p.grad, coef)
-                state = self.state[p]
-                if not state:
-                    # torch's layout (a float32 step tensor), so the states are interchangeable
-                    state['step'] = torch.tensor(0.0, dtype=torch.float32)
-                    state['exp_avg'] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state['exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if amsgrad:
-                        state['max_exp_avg_sq'] = torch.zeros_like(
-                            p, memory_format=torch.preserve_format
-                        )
-                exp_avg, exp_avg_sq = state['exp_avg'], state['exp_avg_sq']
-                state['step'] += 1
-                step = state['step'].item()
-
+    def _step_group(
+        self, group: dict, params: List[nn.Parameter], grads: List[torch.Tensor]
+    ) -> None:
+        """torch's functional AdamW (single-tensor path) does every update: it moves the
+        parameters without scales and advances the moments of all of them. A RepOpt kernel's
+        own entry moves a zero stand-in (its moments advance; the move is dropped): the kernel
+        moves by :meth:`_kernel_move`, from the moments before this step, and decays."""
+        states = [self._state(p, group['amsgrad']) for p in params]
+        moves = [
+            None if self._stored(p) is None else self._kernel_move(p, g, st, group)
+            for p, g, st in zip(params, grads, states)
+        ]
+        targets = [p if move is None else torch.zeros_like(p) for p, move in zip(params, moves)]
+        _adamw(group, targets, grads, states)
+        lr, weight_decay = group['lr'], group['weight_decay']
+        for p, move in zip(params, moves):
+            if move is not None:
                 if weight_decay != 0:
-                    p.mul_(1 - lr * weight_decay)
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias_correction1 = 1 - beta1**step
-                bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-                step_size = lr / bias_correction1
-                if amsgrad:
-                    v = state['max_exp_avg_sq']
-                    torch.maximum(v, exp_avg_sq, out=v)
-                else:
-                    v = exp_avg_sq
+                    p.mul_(1 - lr * weight_decay)  # decoupled, unmultiplied, as torch decays
+                p.add_(move.to(p.dtype))
 
-                a = self._stored(p)
-                if a is None:
-                    denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
-                    p.addcdiv_(exp_avg, denom, value=-step_size)
-                    continue
-                if official:
-                    a = a.sum(0, keepdim=True)
-                m = exp_avg.to(a.dtype)
-                root_v = v.to(a.dtype).sqrt() / bias_correction2_sqrt
-                update = torch.zeros_like(m)
-                for alpha in a:
-                    term = m * (alpha * alpha) / (alpha.abs() * root_v + eps)
-                    # a branch that does not cover an entry contributes exactly 0 (and no
-                    # 0/0 when eps = 0)
-                    update += torch.where(alpha != 0, term, torch.zeros_like(term))
-                p.add_(update.to(p.dtype), alpha=-step_size)
-        return loss
+    def _state(self, p: nn.Parameter, amsgrad: bool) -> dict:
+        """``p``'s state, created as torch's AdamW creates it (a float32 step tensor), so the
+        states are interchangeable."""
+        state = self.state[p]
+        if not state:
+            state['step'] = torch.tensor(0.0, dtype=torch.float32)
+            state['exp_avg'] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state['exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if amsgrad:
+                state['max_exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def _kernel_move(
+        self, p: nn.Parameter, grad: torch.Tensor, state: dict, group: dict
+    ) -> torch.Tensor:
+        """How AdamW on the CSLA branches moves ``W' = Σ_k alpha_k W_k``, decay aside:
+        ``Σ_k alpha_k Δ_k``, where ``Δ_k`` is torch's AdamW step (no decay) of branch ``k``
+        from zero, with gradient ``alpha_k g`` and moments ``alpha_k m``, ``alpha_k² v`` (the
+        branch's own, derived from the kernel's), computed in the scales' dtype."""
+        a = self._stored(p)
+        if group.get('mode', 'exact') == 'official':
+            a = a.sum(0, keepdim=True)  # one branch with the signed sum M1
+        g = grad.to(a.dtype)
+        m, v = state['exp_avg'].to(a.dtype), state['exp_avg_sq'].to(a.dtype)
+        squares = [alpha * alpha for alpha in a]
+        branches = dict(
+            exp_avg=[alpha * m for alpha in a],
+            exp_avg_sq=[sq * v for sq in squares],
+            step=[state['step'].clone() for _ in a],
+        )
+        if group['amsgrad']:
+            v_max = state['max_exp_avg_sq'].to(a.dtype)
+            branches['max_exp_avg_sq'] = [sq * v_max for sq in squares]
+        deltas = [torch.zeros_like(g) for _ in a]
+        _adamw(
+            dict(group, weight_decay=0.0),
+            deltas,
+            [alpha * g for alpha in a],
+            [{k: branches[k][i] for k in branches} for i in range(len(a))],
+        )
+        move = torch.zeros_like(g)
+        for alpha, delta in zip(a, deltas):
+            # a branch that does not cover an entry moves it by exactly 0 (no 0/0 when eps = 0)
+            move += torch.where(alpha != 0, alpha * delta, torch.zeros_like(delta))
+        return move
+
+
+def _adamw(
+    group: dict, params: List[torch.Tensor], grads: List[torch.Tensor], states: List[dict]
+) -> None:
+    """torch's functional AdamW, single-tensor path, with ``group``'s hyper-parameters."""
+    beta1, beta2 = group['betas']
+    adamw(
+        params,
+        grads,
+        [st['exp_avg'] for st in states],
+        [st['exp_avg_sq'] for st in states],
+        [st['max_exp_avg_sq'] for st in states] if group['amsgrad'] else [],
+        [st['step'] for st in states],
+        foreach=False,
+        amsgrad=group['amsgrad'],
+        beta1=beta1,
+        beta2=beta2,
+        lr=group['lr'],
+        weight_decay=group['weight_decay'],
+        eps=group['eps'],
+        maximize=False,
+    )

@@ -1,6 +1,6 @@
 """RepOptSGD: torch SGD whose loss gradient of each RepOpt kernel is multiplied by its Grad Mult."""
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -8,7 +8,7 @@ from mmengine.registry import OPTIMIZERS
 from torch.optim.sgd import sgd
 
 from ...errors import ConfigError
-from .base import RepOptOptimizer
+from .base import RepOptOptimizer, check_nonnegative
 from .branch_scales import branch_multiplier, compute_dtype
 
 
@@ -57,12 +57,7 @@ class RepOptSGD(RepOptOptimizer):
         nesterov: bool = False,
         decoupled_weight_decay: bool = False,
     ):
-        if lr < 0:
-            raise ConfigError(f'RepOptSGD: lr must be >= 0, got {lr}')
-        if momentum < 0:
-            raise ConfigError(f'RepOptSGD: momentum must be >= 0, got {momentum}')
-        if weight_decay < 0:
-            raise ConfigError(f'RepOptSGD: weight_decay must be >= 0, got {weight_decay}')
+        check_nonnegative('RepOptSGD', lr=lr, momentum=momentum, weight_decay=weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ConfigError(
                 'RepOptSGD: nesterov=True needs momentum > 0 and dampening = 0 '
@@ -85,45 +80,36 @@ class RepOptSGD(RepOptOptimizer):
     def multiplier(self, p: nn.Parameter) -> Optional[torch.Tensor]:
         return self._stored(p)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One update (see the class docstring); ``closure`` re-evaluates the loss.
-
-        torch's own functional SGD does the update on the multiplied gradients, so every
+    def _step_group(
+        self, group: dict, params: List[nn.Parameter], grads: List[torch.Tensor]
+    ) -> None:
+        """torch's own functional SGD does the update on the multiplied gradients, so every
         parameter follows ``torch.optim.SGD`` by construction. Its single-tensor path
         (``foreach=False``): the multi-tensor one adds the momentum into the gradients in
-        place with nesterov, and ``p.grad`` must keep the raw gradient.
-        """
-        loss, coef = self._begin_step(closure)
-        for group in self.param_groups:
-            params = [p for p in group['params'] if p.grad is not None]
-            if any(p.grad.is_sparse for p in params):
-                raise RuntimeError('RepOptSGD does not support sparse gradients')
-            lr, weight_decay = group['lr'], group['weight_decay']
-            if weight_decay != 0 and group.get('decoupled_weight_decay', False):
-                for p in params:
-                    p.mul_(1 - lr * weight_decay)
-                weight_decay = 0.0
-            buffers = [self.state[p].get('momentum_buffer') for p in params]
-            sgd(
-                params,
-                [self._multiplied(p, coef) for p in params],
-                buffers,
-                foreach=False,
-                weight_decay=weight_decay,
-                momentum=group['momentum'],
-                lr=lr,
-                dampening=group['dampening'],
-                nesterov=group['nesterov'],
-                maximize=False,
-            )
-            if group['momentum'] != 0:
-                for p, buf in zip(params, buffers):
-                    self.state[p]['momentum_buffer'] = buf
-        return loss
+        place with nesterov, and ``p.grad`` must keep the raw gradient."""
+        lr, weight_decay = group['lr'], group['weight_decay']
+        if weight_decay != 0 and group.get('decoupled_weight_decay', False):
+            for p in params:
+                p.mul_(1 - lr * weight_decay)
+            weight_decay = 0.0
+        buffers = [self.state[p].get('momentum_buffer') for p in params]
+        sgd(
+            params,
+            [self._multiplied(p, g) for p, g in zip(params, grads)],
+            buffers,
+            foreach=False,
+            weight_decay=weight_decay,
+            momentum=group['momentum'],
+            lr=lr,
+            dampening=group['dampening'],
+            nesterov=group['nesterov'],
+            maximize=False,
+        )
+        if group['momentum'] != 0:
+            for p, buf in zip(params, buffers):
+                self.state[p]['momentum_buffer'] = buf
 
-    def _multiplied(self, p: nn.Parameter, coef: Optional[torch.Tensor]) -> torch.Tensor:
-        """``M * dL/dW'`` after clipping: a new tensor, ``p.grad`` stays raw."""
-        g = self._scaled(p.grad, coef)
+    def _multiplied(self, p: nn.Parameter, g: torch.Tensor) -> torch.Tensor:
+        """``M * g`` for a RepOpt kernel (a new tensor), ``g`` for any other parameter."""
         m = self.multiplier(p)
         return g if m is None else (g.to(m.dtype) * m).to(p.dtype)
