@@ -1,7 +1,8 @@
 """RepOpt-VGG: sizes, the multiplier, the rule of initialization, the scales files, the folds.
 
-Exact reference values are SPEC-repopt §6.8; the released scale files are
-``../shared/repopt-scales`` (MIT). Equivalences are checked in float64 on tiny archs.
+Exact reference values are counted from the RepOptimizers paper's Table 1 architectures; the
+released scale files are ``../shared/repopt-scales`` (MIT). Equivalences are checked in float64
+on tiny archs.
 """
 
 import copy
@@ -45,7 +46,8 @@ def params(model):
     return sum(p.numel() for p in model.parameters())
 
 
-# SPEC-repopt §6.8: backbone only (no FC) and the FC of 1000 / 100 classes of the widest stage
+# exact counts of the paper's Table 1 architectures: backbone only (no FC) and the FC of
+# 1000 / 100 classes of the widest stage
 @pytest.mark.parametrize(
     'arch, inference, training, hs_fc1000, hs_fc100, repvgg',
     [
@@ -55,7 +57,7 @@ def params(model):
         ('L2', 118_109_032, 118_132_776, 131_036_296, 128_731_396, 131_056_296),
     ],
 )
-def test_parameter_counts_equal_the_spec_in_every_mode(
+def test_parameter_counts_equal_the_exact_counts_in_every_mode(
     arch, inference, training, hs_fc1000, hs_fc100, repvgg
 ):
     with torch.device('meta'):
@@ -81,8 +83,8 @@ def test_parameter_counts_equal_the_spec_in_every_mode(
         ('L2', 32.825, 32.827, 115_548_032),
     ],
 )
-def test_macs_equal_the_spec(arch, gmacs, with_fc, backbone_params):
-    """The folded backbone at 224 x 224, without and with the FC-1000 (SPEC §6.8)."""
+def test_macs_equal_the_exact_counts(arch, gmacs, with_fc, backbone_params):
+    """The folded backbone at 224 x 224, without and with the FC-1000 (Table 1, unrounded)."""
     model = RepOptVGG(arch, deploy=True, out_indices=(3,)).eval()
     counts = complexity(model, (torch.zeros(1, 3, 224, 224),))
     fc = model.num_features[-1] * 1000
@@ -240,7 +242,7 @@ def test_released_scale_files_load_by_name(arch, tensors, floats):
         assert torch.equal(v, released[k]), k
 
 
-def test_released_b1_scales_are_what_the_spec_describes():
+def test_released_b1_scales_have_the_documented_layout():
     released = torch.load(scales_file('B1'), weights_only=True)
     assert sum(int((v < 0).sum()) for v in released.values()) == 156
     mixed = sum(

@@ -4,7 +4,8 @@ A tiny reference CSLA model (per layer ``ReLU(BN(s * conv3x3(x; K) + t * conv1x1
 with constant ``s``, ``t`` and trainable ``K``, ``P``, ``i``) is trained with torch's optimizers,
 and a plain "target" model (one 3x3 kernel per layer, initialised to the CSLA's equivalent
 kernel) with RepOptSGD / RepOptAdamW built by RepOptOptimWrapperConstructor. The two must stay
-equal to rounding, and the known ways of getting it wrong (SPEC-repopt §6.4) must not.
+equal to rounding, and the known ways of getting it wrong (docs/backbones/repopt_vgg.md,
+Optimizers) must not.
 """
 
 import copy
@@ -146,7 +147,7 @@ class TargetLayer(nn.Module):
         a[1, :, :, 1, 1] = self.t.view(-1, 1)
         if self.has_identity:
             idx = torch.arange(cout)
-            a[2, idx, idx, 1, 1] = 1.0  # the identity branch adds exactly 1 (SPEC pitfall 3)
+            a[2, idx, idx, 1, 1] = 1.0  # the identity branch adds exactly 1 (the paper's Eq. 3)
         return {self.weight: a}
 
     def forward(self, x):
@@ -183,7 +184,7 @@ def make_csla(seed=0, trainable_scales=False) -> Net:
 
 
 def make_target(csla: Net, reinit=True, norm=True) -> Net:
-    """The target model, initialised from ``csla`` by the rule of initialization (SPEC §6.3)."""
+    """The target model, initialised from ``csla`` by the rule of initialization (Eq. 4)."""
     layers = [
         TargetLayer(*spec, s=c.s.detach(), t=c.t.detach(), norm=norm)
         for spec, c in zip(LAYERS, csla.layers)
@@ -389,7 +390,7 @@ def run_sgd_pair(case: dict, *, clip=None, csla_clip=None, neg=None):
             clip_grad=dict(max_norm=clip) if neg == 'plain-clip' else None,
         )
         if neg == 'decay-multiplied':
-            # the L2 term already in the gradient when the multiplier acts (SPEC pitfall 1)
+            # the L2 term already in the gradient when the multiplier acts (it must not be)
             opt_t.param_groups[0]['weight_decay'] = 0.0
             kernels = [lt.weight for lt in target.layers]
             wd = case['weight_decay']

@@ -1,6 +1,6 @@
-"""RepOpt-VGG trained by RepOptSGD equals the CSLA network trained by SGD (SPEC-repopt §6.4),
-through the mmengine optimizer constructor and the Runner: k steps, resume, no re-init over
-loaded weights."""
+"""RepOpt-VGG trained by RepOptSGD equals the CSLA network trained by SGD (the RepOptimizers
+paper's Eq. 2), through the mmengine optimizer constructor and the Runner: k steps, resume, no
+re-init over loaded weights."""
 
 import copy
 import math

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmrepa import reparameterize
-from mmrepa.layers import ChannelIdleFFN, StarReLU, activate_first_, num_active_channels
+from mmrepa.backbones.metaformer import StarReLU
+from mmrepa.layers import ChannelIdleFFN, activate_first_, num_active_channels
 from tests.helpers import max_abs_diff, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
@@ -178,7 +179,7 @@ def test_fold_property(C, ratio, idle, tokens, norm):
     assert max_abs_diff(reparameterize(ffn)(x), ref) <= 1e-10
 
 
-# --- MetaFormer hosts: residual scale, layer scale, no biases, StarReLU (SPEC §1) ---
+# --- MetaFormer hosts: residual scale, layer scale, no biases, StarReLU (RePaFormer §4) ---
 
 
 def metaformer_ffn(C, idle, norm='BN', dtype=torch.float64, layer_scale=True, **kw):
@@ -234,7 +235,7 @@ def test_metaformer_options_fold_close_in_float32(norm, idle):
 
 
 def test_folded_starrelu_ffn_uses_the_bare_activation_and_folds_the_shortcut():
-    from mmrepa.layers import SquaredReLU
+    from mmrepa.backbones.metaformer import SquaredReLU
 
     C = 16
     ffn = reparameterize(metaformer_ffn(C, 0.75, 'BN'))

@@ -7,15 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from mmrepa import reparameterize
-from mmrepa.backbones.repa_swin import RePaSwinBlock
+from mmrepa.backbones.swin import FoldablePatchMerging, RePaSwinBlock, ShiftWindowMSA
 from mmrepa.engine.hooks.prepbn_schedule_hook import PRepBNScheduleHook, prepbn_lambda
 from mmrepa.fold import norm_affine
 from mmrepa.layers import (
     FoldablePatchEmbed,
-    FoldablePatchMerging,
     PRepBN,
     RepBN,
-    ShiftWindowMSA,
     SimplifiedLinearAttention,
 )
 from tests.helpers import max_abs_diff, randomize_
@@ -197,7 +195,7 @@ def test_attention_fold_is_exact_where_windows_pad(attn_type, shift):
     block.reparameterize()
     assert block.norm1 is None
     assert max_abs_diff(block.attn(x, hw), ref) <= 1e-10
-    # the trap of SPEC §2: padding the folded map with zero tokens (qkv of 0 = the folded bias)
+    # the trap: padding the folded map with zero tokens (qkv of 0 = the folded bias)
     block.attn.padded_qkv = None
     assert max_abs_diff(block.attn(x, hw), ref) > 1e-3
 
