@@ -72,6 +72,16 @@ def resolve_branches(num_layers: int, num_branches: Optional[int], depth: Option
     return num_branches
 
 
+def _check_diversity_weight(weight: float, window_size: Optional[int]) -> None:
+    if weight < 0:
+        raise ConfigError(f'diversity_loss_weight must be >= 0, got {weight}')
+    if weight > 0 and window_size is not None:
+        raise ConfigError(
+            'the diversity loss is a classification regularizer (Table 5 of the paper); '
+            'set diversity_loss_weight=0 with windowed attention'
+        )
+
+
 @MODELS.register_module()
 class DepthRepViT(PlainViT):
     """ViT whose L layers train as L / n blocks of n joined branches and fold into L / n.
@@ -168,13 +178,7 @@ class DepthRepViT(PlainViT):
         self.num_layers = arch['num_layers']
         self.num_branches = resolve_branches(self.num_layers, num_branches, depth)
         self.depth = self.num_layers // self.num_branches
-        if diversity_loss_weight < 0:
-            raise ConfigError(f'diversity_loss_weight must be >= 0, got {diversity_loss_weight}')
-        if diversity_loss_weight > 0 and window_size is not None:
-            raise ConfigError(
-                'the diversity loss is a classification regularizer (Table 5 of the paper); '
-                'set diversity_loss_weight=0 with windowed attention'
-            )
+        _check_diversity_weight(diversity_loss_weight, window_size)
         windows = self._setup_vit(
             self.embed_dims,
             self.depth,
@@ -196,16 +200,27 @@ class DepthRepViT(PlainViT):
         self.join, self.qkv_bias = join, qkv_bias
         self.diversity_loss_weight = float(diversity_loss_weight)
         self._pending_diversity = None
+        self.stages = self._build_blocks(
+            mlp_ratio, drop_path_rate, norm_cfg, windows, join_lambda, deploy
+        )
+        if self.diversity_loss_weight > 0:
+            for module in self.modules():
+                if hasattr(module, 'track_branch_diversity'):
+                    module.track_branch_diversity = True
+        self._setup_outputs(out_norm_cfg)
+
+    def _build_blocks(self, mlp_ratio, drop_path_rate, norm_cfg, windows, join_lambda, deploy):
+        """The L / n joined blocks, drop path growing linearly with depth."""
         dpr = drop_path_rates(drop_path_rate, self.depth)
-        self.stages = ModuleList(
+        return ModuleList(
             [
                 JoinedBlock(
                     self.embed_dims,
                     self.num_heads,
                     self.num_branches,
-                    join,
+                    self.join,
                     mlp_ratio,
-                    qkv_bias,
+                    self.qkv_bias,
                     dpr[i],
                     norm_cfg,
                     window_size=windows[i],
@@ -215,11 +230,6 @@ class DepthRepViT(PlainViT):
                 for i in range(self.depth)
             ]
         )
-        if self.diversity_loss_weight > 0:
-            for module in self.modules():
-                if hasattr(module, 'track_branch_diversity'):
-                    module.track_branch_diversity = True
-        self._setup_outputs(out_norm_cfg)
 
     # -- forward
 
