@@ -1,5 +1,6 @@
 """mmpretrain's ``ImageClassifier`` plus the branch-diversity loss of depth
-re-parameterization (SPEC-depth §7.3)."""
+re-parameterization (Zhou et al., Rethinking Vision Transformer Depth via Structural
+Reparameterization, §4 and Table 5)."""
 
 from typing import List
 

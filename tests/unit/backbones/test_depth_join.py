@@ -1,6 +1,7 @@
-"""Joined multi-branch ViT layers (SPEC-depth §7): the training forward against the SPEC's
-formulas, the exact fold at λ = 1 (and two wrong folds that must fail), the refusal below 1,
-sizes against §7.7 and the two checkpoint forms."""
+"""Joined multi-branch ViT layers (the depth re-parameterization paper's §3.3): the training
+forward against the paper's joins computed branch by branch, the exact fold at λ = 1 (and two
+wrong folds that must fail), the refusal below 1, sizes against docs/backbones/depth_rep_vit.md
+and the two checkpoint forms."""
 
 import copy
 import functools
@@ -77,7 +78,7 @@ def rel_err(out, ref) -> float:
 
 
 def paper_eq67_attention(attn, u):
-    """SPEC §7.4.2's reading of the paper's Eqs. 6-7: the (correct) joined softmax, but V and
+    """The paper's Eqs. 6-7, read literally: the (correct) joined softmax, but V and
     O summed separately, S·(Σ_b V_b)·(Σ_b W^O_b)."""
     B, N, d = u.shape
     H, n = attn.num_heads, attn.num_branches
@@ -232,7 +233,7 @@ def test_branches_start_as_independent_linears():
 @pytest.mark.parametrize('n', [1, 3])
 def test_the_branch_forward_at_one_does_not_use_the_fold_arithmetic(join, n, monkeypatch):
     """``fast_joined_forward=False`` (what benchmarks check folds against): at λ = 1 the
-    layers compute their branches and the join, the SPEC's formula, without the summed
+    layers compute their branches and the join, the paper's formula, without the summed
     weights the fold also uses."""
     blk = block(d=12, heads=3, n=n, join=join, lam=1.0, seed=n, window_size=2)
     x = torch.randn(2, 15, 12, dtype=F64)
@@ -279,7 +280,7 @@ def test_fold_is_exact_at_lambda_one(
     blk = block(d, heads, n, join, lam=1.0, seed=seed, window_size=window)
     x = torch.randn(2, N, d, dtype=F64, generator=g) * 2 + 0.5
     with torch.no_grad():
-        # the SPEC's per-branch formula, independent of the layer's code (at λ = 1 the
+        # the paper's per-branch formula, independent of the layer's code (at λ = 1 the
         # training forward already runs the folded computation on summed weights)
         ref = reference_block(blk, x, valid, hw)
         unfolded = blk(x, hw, valid)
@@ -379,7 +380,7 @@ def test_fold_refuses_below_one_and_names_block_and_lambda(join, lam):
         mmrepa.reparameterize(nn.ModuleDict(dict(blocks=nn.Sequential(block(), blk))).eval())
 
 
-# -------------------------------------------------------------- sizes (SPEC §7.7)
+# ------------------------------------------------- sizes (docs/backbones/depth_rep_vit.md#sizes)
 
 D, HEADS, N197 = 192, 12, 197
 FIXED_PARAMS = 379_048
@@ -408,8 +409,9 @@ def block_macs(n, w=None, folded=True, full=True, d=D, N=N197):
 )
 def test_vit_tiny_block_sizes_match_spec(n, params_train, params_logits, params_qkv, macs):
     """Parameters and MACs ("full", mmrepa's complexity with SDPA) of one ViT-Tiny block
-    (192 dims, 12 heads, N = 197) before and after folding equal §7.7's formulas exactly;
-    12 / n blocks plus the fixed parts give §7.7's model table."""
+    (192 dims, 12 heads, N = 197) before and after folding equal the formulas above exactly;
+    12 / n blocks plus the fixed parts give the model table of
+    docs/backbones/depth_rep_vit.md#sizes."""
     depth = 12 // n
     x = torch.randn(1, N197, D)
     for join, w, model_params, model_macs in (
@@ -426,7 +428,7 @@ def test_vit_tiny_block_sizes_match_spec(n, params_train, params_logits, params_
         after = complexity(blk, (x,))
         assert after == dict(params=block_params(n, w), macs=block_macs(n, w))
         assert after == complexity(JoinedBlock(D, HEADS, n, join, deploy=True).eval(), (x,))
-        # the model table of §7.7 (MACs in millions, as rounded there)
+        # the model table (MACs in millions, as rounded there)
         assert depth * before['params'] + FIXED_PARAMS == params_train
         assert depth * after['params'] + FIXED_PARAMS == model_params
         for full in (False, True):

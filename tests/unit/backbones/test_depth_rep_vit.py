@@ -1,4 +1,5 @@
-"""DepthRepViT (SPEC-depth §7): whole-model sizes against §7.7, the exact fold of the backbone
+"""DepthRepViT (the depth re-parameterization paper): whole-model sizes against the table of
+docs/backbones/depth_rep_vit.md#sizes, the exact fold of the backbone
 (classification and dense outputs, windows with padding), parity with mmpretrain's and timm's
 ViT at one branch, checkpoint conversion and its head-count check, the diversity loss, and the
 options users know from mmpretrain and mmdet."""
@@ -68,13 +69,14 @@ def rel_err(out, ref) -> float:
     return max(((o - r).abs().max() / r.abs().max()).item() for o, r in zip(out, ref))
 
 
-# ----------------------------------------------------------------------- sizes (§7.7)
+# ------------------------------------------------------------- sizes (depth_rep_vit.md#sizes)
 
-HEAD_PARAMS, HEAD_MACS = 193_000, 192_000  # the 1000-class head §7.7 includes
+HEAD_PARAMS, HEAD_MACS = 193_000, 192_000  # the 1000-class head the sizes include
 
 
 def spec_block_macs(n_attn_width, ffn_copies, N=197, d=192):
-    """§7.7's per-block "full" MACs: attention of width w, ``ffn_copies`` FFNs of 4d."""
+    """Per-block "full" MACs (docs/backbones/depth_rep_vit.md#sizes): attention of width w,
+    ``ffn_copies`` FFNs of 4d."""
     w = n_attn_width
     return N * d * 3 * w + N * w * d + 8 * N * d * d * ffn_copies + 10 * N * d + 2 * N * N * w
 
@@ -89,8 +91,9 @@ def spec_block_macs(n_attn_width, ffn_copies, N=197, d=192):
     ],
 )
 def test_vit_tiny_sizes_equal_spec_before_and_after_folding(n, train, logits, qkv):
-    """ViT-Tiny (12 heads) at 224²: parameters exactly §7.7's table (with its head), MACs
-    exactly §7.7's formula ("full": attention matmuls included), and 12 / n blocks left."""
+    """ViT-Tiny (12 heads) at 224²: parameters exactly the table of
+    docs/backbones/depth_rep_vit.md#sizes (with its head), MACs exactly the formula above
+    ("full": attention matmuls included), and 12 / n blocks left."""
     x = torch.randn(1, 3, 224, 224)
     depth, d = 12 // n, 192
     fixed = 196 * 768 * 192 + 5 * 192  # patch embedding + fc_norm
@@ -108,7 +111,8 @@ def test_vit_tiny_sizes_equal_spec_before_and_after_folding(n, train, logits, qk
 
 
 def test_whole_model_macs_round_to_the_spec_table():
-    """The formula above, with the head, gives §7.7's MACs column (in millions)."""
+    """The formula above, with the head, gives the MACs of docs/backbones/depth_rep_vit.md#sizes
+    (in millions)."""
     fixed = 196 * 768 * 192 + 5 * 192 + HEAD_MACS
     assert round((fixed + 12 * spec_block_macs(192, 1)) / 1e6, 1) == 1258.2
     for n, train, logits, qkv in (
@@ -149,8 +153,8 @@ DENSE = dict(
 
 
 def joined_formula(model):
-    """A copy of the joined model (λ = 1) whose blocks compute the SPEC's per-branch formulas
-    (``tests/test_depth_join.reference_block``: each branch's own qkv, proj, fc1 and fc2,
+    """A copy of the joined model (λ = 1) whose blocks compute the paper's per-branch formulas
+    (``tests.helpers.reference_block``: each branch's own qkv, proj, fc1 and fc2,
     explicit N x N logits per branch, windows cut at the map's edge without padding). It never
     runs the fold's arithmetic, which the layers' own forward at λ = 1 shares with the fold:
     a fold that is wrong in both (a wrong 1/n on q) cannot pass a comparison with it."""
