@@ -294,37 +294,53 @@ def finish(obj: Any, config_nodes: List[OrderedDict]) -> Any:
         if key in done:
             return done[key]
         done[key] = x  # provisional: a cycle back to x finds x
-        if kind is NumpyArray:
-            if x.array is None:
-                refuse('a numpy array without its data')
-            done[key] = x.array
-        elif kind is NumpyDType:
-            done[key] = _numpy_dtype(x)
-        elif kind is HistoryBufferStandIn:
-            refuse('a HistoryBuffer without its state')
+        if kind in (NumpyArray, NumpyDType, HistoryBufferStandIn):
+            done[key] = _restored(x)
         elif key in nodes:
             done[key] = ForeignConfig()
             for k, v in x.items():
                 done[key][_plain_key(k)] = visit(v)
-        elif kind in (dict, OrderedDict, Counter, ForeignConfig):
-            for k in list(x):
-                x[_plain_key(k)] = visit(x[k])
-        elif kind is list:
-            for i, v in enumerate(x):
-                x[i] = visit(v)
-        elif kind is tuple:
-            items = tuple(visit(v) for v in x)
-            if any(a is not b for a, b in zip(items, x)):
-                done[key] = items
-        elif kind is ForeignNamespace:
-            for k, v in list(vars(x).items()):
-                vars(x)[k] = visit(v)
-        elif kind in (set, frozenset):
-            for v in x:
-                _plain_key(v)
+        else:
+            new = _visit_items(x, visit)
+            if new is not None:
+                done[key] = new
         return done[key]
 
     return visit(obj)
+
+
+def _restored(x: Any) -> Any:
+    """The numpy object a numpy stand-in stands for; a stand-in without its state is refused."""
+    if type(x) is HistoryBufferStandIn:
+        refuse('a HistoryBuffer without its state')
+    if type(x) is NumpyDType:
+        return _numpy_dtype(x)
+    if x.array is None:
+        refuse('a numpy array without its data')
+    return x.array
+
+
+def _visit_items(x: Any, visit) -> Optional[tuple]:
+    """``visit`` every item of the container ``x``, replacing them in place; a tuple whose
+    items changed comes back as a new tuple (None otherwise, and for anything else)."""
+    kind = type(x)
+    if kind in (dict, OrderedDict, Counter, ForeignConfig):
+        for k in list(x):
+            x[_plain_key(k)] = visit(x[k])
+    elif kind is list:
+        for i, v in enumerate(x):
+            x[i] = visit(v)
+    elif kind is tuple:
+        items = tuple(visit(v) for v in x)
+        if any(a is not b for a, b in zip(items, x)):
+            return items
+    elif kind is ForeignNamespace:
+        for k, v in list(vars(x).items()):
+            vars(x)[k] = visit(v)
+    elif kind in (set, frozenset):
+        for v in x:
+            _plain_key(v)
+    return None
 
 
 def _plain_key(key: Any) -> Any:
