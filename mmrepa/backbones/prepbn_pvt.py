@@ -41,7 +41,13 @@ from ..layers import (
     from_linear_norm,
 )
 from ..layers.pos_embed import resize_pos_embed
-from ..options import check_int, per_stage_ratios, pretrained_init_cfg, stage_attn_types
+from ..options import (
+    check_int,
+    per_stage,
+    per_stage_ratios,
+    pretrained_init_cfg,
+    stage_attn_types,
+)
 from ..registry import build_norm_layer
 from .base import DenseBackbone, PRepBNBackbone, drop_path_rates, lookup_arch
 
@@ -252,6 +258,22 @@ def _pair(value) -> Tuple[int, int]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value, value)
 
 
+def _per_stage_options(depths: Tuple[int, ...], **options) -> Dict[str, list]:
+    """Every option as one value per stage of ``num_layers`` (:func:`per_stage`)."""
+    return {name: per_stage(value, len(depths), name) for name, value in options.items()}
+
+
+def _pretrain_grids(img: Tuple[int, int], patch_sizes: Sequence[int]) -> List[Tuple[int, int]]:
+    """Each stage's map at the pretraining image size, which sizes its position embedding and
+    linear attention's encoding: mmdet divides by the product of the patch sizes so far (not
+    of the strides)."""
+    grids, cumulative_patch = [], 1
+    for k in patch_sizes:
+        cumulative_patch *= k
+        grids.append(tuple(side // cumulative_patch for side in img))
+    return grids
+
+
 def _arch(arch: Union[str, dict, None], given: dict) -> dict:
     """``arch`` (default ``'tiny'``) with mmdet's ``embed_dims``/``num_layers``/``num_heads``;
     an explicit ``arch`` they contradict is an error."""
@@ -393,100 +415,127 @@ class PRepBNPVT(PRepBNBackbone, DenseBackbone):
         init_cfg = _translate_mmdet_args(mmdet_pvt_args, init_cfg)
         super().__init__(init_cfg=init_cfg)
         arch = _arch(arch, {k: mmdet_pvt_args[k] for k in ARCH_KEYS if k in mmdet_pvt_args})
-        depths, num_heads = tuple(arch['num_layers']), tuple(arch['num_heads'])
-        per_stage_lists = dict(
-            num_heads=num_heads,
+        depths = tuple(arch['num_layers'])
+        stages = _per_stage_options(
+            depths,
+            num_heads=tuple(arch['num_heads']),
             patch_sizes=patch_sizes,
             strides=strides,
             paddings=paddings,
             sr_ratios=sr_ratios,
             mlp_ratios=mlp_ratios,
         )
-        for name, values in per_stage_lists.items():
-            if len(values) != len(depths):
-                raise ConfigError(
-                    f'{name} has {len(values)} entries but num_layers {depths} has '
-                    f'{len(depths)} stages: give one per stage'
-                )
         if num_stages != len(depths):
             raise ConfigError(f'num_stages={num_stages} but num_layers {depths} has {len(depths)}')
         if isinstance(out_indices, int):
             out_indices = (out_indices,)
         self._check_options(len(depths), out_indices, frozen_stages, norm_eval, deploy)
         norm = _prepbn_cfg(norm_cfg, prepbn_cfg)
-        idle_ratios = per_stage_ratios(idle_ratio, self.num_stages, 'idle_ratio')
+        stages['idle_ratios'] = per_stage_ratios(idle_ratio, self.num_stages, 'idle_ratio')
         self.attn_types = stage_attn_types(attn_types, self.num_stages, 'LLLL')
         self.in_channels = in_channels
-        self.num_features = [arch['embed_dims'] * h for h in num_heads]
-        self.arch_settings = dict(arch, num_layers=depths, num_heads=num_heads)
-        # per stage: patch conv kernel, stride, padding and the reduction the attention applies
-        # (none in an 'L' stage: the linear attention sees every token)
-        self._geometry = [
+        self.num_features = [arch['embed_dims'] * h for h in stages['num_heads']]
+        self.arch_settings = dict(arch, num_layers=depths, num_heads=tuple(stages['num_heads']))
+        self._geometry = self._stage_geometry(stages)
+        self.min_input_size = self._min_input_size()
+        block_cfg = dict(
+            qkv_bias=qkv_bias,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            norm_cfg=norm,
+            with_cp=with_cp,
+            deploy=deploy,
+        )
+        ffn_cfg = dict(norm_cfg=norm, hidden_norm_cfg=None, act_cfg=act_cfg, deploy=deploy)
+        grids = _pretrain_grids(_pair(pretrain_img_size), stages['patch_sizes'])
+        pos_shapes = grids if use_abs_pos_embed else [None] * len(depths)
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
+        self.stages = ModuleList()
+        for i, depth in enumerate(depths):
+            first = sum(depths[:i])
+            rates = dpr[first : first + depth]
+            self._add_stage(i, stages, grids[i], pos_shapes[i], rates, block_cfg, ffn_cfg)
+        self._setup_outputs(out_norm_cfg)
+        # In eval mode a fresh RepBN does not normalise; start from PVT's init so that an
+        # unloaded model is sane (init_weights applies it again or loads a checkpoint).
+        self._default_init()
+
+    def _stage_geometry(self, stages: dict) -> list:
+        """Per stage: the patch conv's kernel, stride and padding and the reduction the
+        attention applies (none in an 'L' stage: the linear attention sees every token)."""
+        return [
             (
                 _pair(check_int(k, 'patch_sizes')),
                 _pair(s),
                 _pair(p),
                 1 if t == 'L' else check_int(r, 'sr_ratios'),
             )
-            for k, s, p, r, t in zip(patch_sizes, strides, paddings, sr_ratios, self.attn_types)
+            for k, s, p, r, t in zip(
+                stages['patch_sizes'],
+                stages['strides'],
+                stages['paddings'],
+                stages['sr_ratios'],
+                self.attn_types,
+            )
         ]
-        self.min_input_size = self._min_input_size()
-        img = _pair(pretrain_img_size)
-        dpr = drop_path_rates(drop_path_rate, sum(depths))
-        self.stages = ModuleList()
-        dims_in, cumulative_patch = in_channels, 1
-        for i, depth in enumerate(depths):
-            dims = self.num_features[i]
-            embed = FoldablePatchEmbed(
-                in_channels=dims_in,
-                embed_dims=dims,
-                kernel_size=patch_sizes[i],
-                stride=strides[i],
-                padding=paddings[i],
-                bias=True,
-                norm_cfg=norm,
-                deploy=deploy,
+
+    def _add_stage(
+        self,
+        i: int,
+        stages: dict,
+        grid: Tuple[int, int],
+        pos_shape: Optional[Tuple[int, int]],
+        drop_path_rates: Sequence[float],
+        block_cfg: dict,
+        ffn_cfg: dict,
+    ) -> None:
+        """Build stage ``i`` (its patch embedding first, as mmdet) and append it."""
+        embed = self._patch_embed(i, stages, block_cfg['norm_cfg'], block_cfg['deploy'])
+        if i == 0:
+            self.patch_embed = embed
+        blocks = self._blocks(i, stages, grid, drop_path_rates, block_cfg, ffn_cfg)
+        dims, drop_rate = self.num_features[i], block_cfg['drop_rate']
+        self.stages.append(PVTStage(blocks, None if i == 0 else embed, pos_shape, dims, drop_rate))
+
+    def _patch_embed(self, i: int, stages: dict, norm: dict, deploy: bool) -> nn.Module:
+        """Stage ``i``'s patch embedding (conv, then the norm)."""
+        return FoldablePatchEmbed(
+            in_channels=self.in_channels if i == 0 else self.num_features[i - 1],
+            embed_dims=self.num_features[i],
+            kernel_size=stages['patch_sizes'][i],
+            stride=stages['strides'][i],
+            padding=stages['paddings'][i],
+            bias=True,
+            norm_cfg=norm,
+            deploy=deploy,
+        )
+
+    def _blocks(
+        self,
+        i: int,
+        stages: dict,
+        grid: Tuple[int, int],
+        drop_path_rates: Sequence[float],
+        block_cfg: dict,
+        ffn_cfg: dict,
+    ) -> List[PVTBlock]:
+        """Stage ``i``'s blocks, one per drop-path rate."""
+        ffn_cfg = dict(
+            ffn_cfg, mlp_ratio=stages['mlp_ratios'][i], idle_ratio=stages['idle_ratios'][i]
+        )
+        return [
+            PVTBlock(
+                self.num_features[i],
+                stages['num_heads'][i],
+                stages['sr_ratios'][i],
+                ffn_cfg,
+                attn_type=self.attn_types[i],
+                linear_grid=grid,
+                drop_path_rate=rate,
+                **block_cfg,
             )
-            if i == 0:
-                self.patch_embed = embed
-            # mmdet sizes each embedding by the product of the patch sizes (not the strides)
-            cumulative_patch *= patch_sizes[i]
-            grid = tuple(s // cumulative_patch for s in img)  # the map at pretrain_img_size
-            pos_shape = grid if use_abs_pos_embed else None
-            ffn_cfg = dict(
-                mlp_ratio=mlp_ratios[i],
-                idle_ratio=idle_ratios[i],
-                norm_cfg=norm,
-                hidden_norm_cfg=None,
-                act_cfg=act_cfg,
-                deploy=deploy,
-            )
-            blocks = [
-                PVTBlock(
-                    dims,
-                    num_heads[i],
-                    sr_ratios[i],
-                    ffn_cfg,
-                    attn_type=self.attn_types[i],
-                    linear_grid=grid,
-                    qkv_bias=qkv_bias,
-                    drop_rate=drop_rate,
-                    attn_drop_rate=attn_drop_rate,
-                    drop_path_rate=dpr[sum(depths[:i]) + j],
-                    norm_cfg=norm,
-                    with_cp=with_cp,
-                    deploy=deploy,
-                )
-                for j in range(depth)
-            ]
-            self.stages.append(
-                PVTStage(blocks, None if i == 0 else embed, pos_shape, dims, drop_rate)
-            )
-            dims_in = dims
-        self._setup_outputs(out_norm_cfg)
-        # In eval mode a fresh RepBN does not normalise; start from PVT's init so that an
-        # unloaded model is sane (init_weights applies it again or loads a checkpoint).
-        self._default_init()
+            for rate in drop_path_rates
+        ]
 
     def _min_input_size(self) -> int:
         """The smallest side every patch embedding and spatial reduction fits."""
