@@ -12,7 +12,7 @@ import argparse
 import torch
 
 from mmrepa.backbones import RePaSwin
-from mmrepa.backbones.repa_swin import ARCH_SETTINGS
+from mmrepa.backbones.swin import ARCH_SETTINGS
 from mmrepa.utils import time_interleaved
 from mmrepa.utils.files import write_json
 from mmrepa.utils.machine import finish, machine_info

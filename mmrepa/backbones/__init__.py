@@ -9,11 +9,10 @@ from .metaformer import (
 )
 from .mlp_mixer import MLPMixer
 from .prepbn_pvt import PRepBNPVT
-from .prepbn_swin import PRepBNSwin
 from .prepbn_vit import PRepBNViT
-from .repa_swin import RePaSwin
 from .repa_vit import RePaViT
 from .repopt_vgg import RepOptVGG
+from .swin import PRepBNSwin, RePaSwin
 
 __all__ = [
     'RePaSwin',

@@ -7,8 +7,8 @@ import torch.nn as nn
 from mmengine.registry import MODELS
 from mmpretrain.models.heads import ClsHead
 
+from ..backbones.metaformer import SquaredReLU
 from ..errors import ConfigError
-from ..layers import SquaredReLU
 
 
 @MODELS.register_module()

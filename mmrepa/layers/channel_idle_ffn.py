@@ -20,7 +20,7 @@ from ..fold import (
     weight_and_bias,
 )
 from ..registry import MODELS, build_activation_layer, build_norm_layer
-from .activations import bare_activation, has_output_affine, output_affine
+from .output_affine import bare_activation, has_output_affine, output_affine
 
 
 def num_active_channels(hidden_channels: int, idle_ratio: float) -> int:

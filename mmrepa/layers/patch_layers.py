@@ -1,7 +1,8 @@
-"""mmcv's patch embedding and patch merging, with their norm folded when it is affine, and
-LV-ViT's convolutional patch embedding, whose BatchNorms fold into its convs.
+"""mmcv's patch embedding with its norm folded when it is affine, LV-ViT's convolutional patch
+embedding, whose BatchNorms fold into its convs, and the norm fold they share with Swin's patch
+merging (``mmrepa.backbones.swin``).
 
-The two mmcv subclasses keep mmcv's forward and state-dict names (``projection``/``reduction``,
+The mmcv subclasses keep mmcv's forward and state-dict names (``projection``/``reduction``,
 ``norm``); folding only rewrites the weights and sets ``norm`` to None, which mmcv's forward
 already skips. With a LayerNorm nothing folds and :meth:`reparameterize` changes nothing.
 """
@@ -10,10 +11,8 @@ from typing import Callable, List, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from mmcv.cnn.bricks.transformer import AdaptivePadding, PatchEmbed, PatchMerging
+from mmcv.cnn.bricks.transformer import AdaptivePadding, PatchEmbed
 from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..errors import ConfigError
 from ..fold import (
@@ -21,7 +20,6 @@ from ..fold import (
     Reparameterizable,
     add_missing_bias,
     affine_after_conv,
-    affine_into_linear,
     is_affine_norm,
     norm_affine,
     norm_fold_problems,
@@ -30,14 +28,14 @@ from ..registry import resolve_layer_type
 from .channel_idle_ffn import channels_last_norm
 
 
-def _with_mmrepa_norm(kwargs: dict) -> dict:
+def with_mmrepa_norm(kwargs: dict) -> dict:
     """mmcv builds the norm itself: hand it mmrepa's norm classes, not their names."""
     if kwargs.get('norm_cfg') is not None:
         kwargs = dict(kwargs, norm_cfg=resolve_layer_type(kwargs['norm_cfg']))
     return kwargs
 
 
-class _NormFolding(Reparameterizable):
+class NormFolding(Reparameterizable):
     """``reparameterize`` of a patch layer whose affine ``norm`` folds into the layer named
     ``_target``; ``_fold(layer, scale, shift, dtype)`` says how (the norm comes after a conv,
     before a Linear)."""
@@ -67,7 +65,7 @@ class _NormFolding(Reparameterizable):
         self._drop_foldable_norm()  # gives the layer a bias if it had none
 
 
-class FoldablePatchEmbed(_NormFolding, PatchEmbed):
+class FoldablePatchEmbed(NormFolding, PatchEmbed):
     """:class:`mmcv.cnn.bricks.transformer.PatchEmbed` whose norm folds into the conv.
 
     An affine norm after the conv (``y = conv(x) * s + t``) folds into the conv:
@@ -87,7 +85,7 @@ class FoldablePatchEmbed(_NormFolding, PatchEmbed):
     _fold = staticmethod(affine_after_conv)
 
     def __init__(self, deploy: bool = False, **kwargs):
-        super().__init__(**_with_mmrepa_norm(kwargs))
+        super().__init__(**with_mmrepa_norm(kwargs))
         self.deploy = False
         if deploy:
             self._drop_foldable_norm()
@@ -101,62 +99,6 @@ class FoldablePatchEmbed(_NormFolding, PatchEmbed):
         if self.norm is not None:  # over channels, also for a BatchNorm
             x = channels_last_norm(self.norm, x)
         return x, out_size
-
-
-class FoldablePatchMerging(_NormFolding, PatchMerging):
-    """:class:`mmcv.cnn.bricks.transformer.PatchMerging` whose norm folds into the reduction.
-
-    An affine norm before the reduction Linear (``reduction(x * s + t)``) folds into it:
-    ``W' = W · diag(s)`` and ``b' = W t (+ b)``; a reduction built without bias gains one. The
-    padding to even sizes happens before the norm, so the fold is exact on any input size.
-
-    Args:
-        deploy (bool): Build without the norm if it would fold (load folded checkpoints).
-            Default: False.
-        **kwargs: As :class:`~mmcv.cnn.bricks.transformer.PatchMerging`.
-
-    Input (B, H*W, C_in) and (H, W); output ((B, H'*W', out_channels), (H', W')).
-    """
-
-    _target = 'reduction'
-    _fold = staticmethod(affine_into_linear)
-
-    def __init__(self, deploy: bool = False, **kwargs):
-        super().__init__(**_with_mmrepa_norm(kwargs))
-        self.deploy = False
-        s = self.sampler
-        # Swin's 2x2, stride-2 merging with corner padding gathers with one reshape instead of
-        # a permute to NCHW, im2col, and a copy before the norm.
-        self._is_2x2 = (
-            s.kernel_size == (2, 2)
-            and s.stride == (2, 2)
-            and s.dilation == (1, 1)
-            and s.padding == (0, 0)
-            and self.adaptive_padding is not None
-            and self.adaptive_padding.padding == 'corner'
-        )
-        if not self._is_2x2 and isinstance(self.norm, _BatchNorm):
-            raise ConfigError(
-                'FoldablePatchMerging: a BatchNorm norm_cfg needs the 2x2, stride-2 '
-                "merging with 'corner' padding (Swin's); use a LayerNorm, RepBN or "
-                'PRepBN with other samplers'
-            )
-        if deploy:
-            self._drop_foldable_norm()
-
-    def forward(self, x: torch.Tensor, input_size):
-        if not self._is_2x2:
-            return super().forward(x, input_size)
-        B, L, C = x.shape
-        H, W = input_size
-        x = x.view(B, H, W, C)
-        if H % 2 or W % 2:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # 'corner': bottom and right
-        H2, W2 = (H + 1) // 2, (W + 1) // 2
-        # channel-major, then the (row, col) offsets in raster order: nn.Unfold's order
-        x = x.view(B, H2, 2, W2, 2, C).permute(0, 1, 3, 5, 2, 4).reshape(B, H2 * W2, 4 * C)
-        x = channels_last_norm(self.norm, x) if self.norm is not None else x
-        return self.reduction(x), (H2, W2)
 
 
 class ConvPatchEmbed(Reparameterizable, BaseModule):

@@ -216,8 +216,8 @@ def test_openvino_reads_the_window_layout_as_mmdeploy_exports_it(tmp_path):
     from mmdeploy.core import RewriterContext
     from mmengine.config import Config
 
+    from mmrepa.backbones.swin import window_layout
     from mmrepa.integrations.openvino import OpenVINOSession
-    from mmrepa.layers.window_attention import window_layout
 
     class Windows(torch.nn.Module):
         def forward(self, x):

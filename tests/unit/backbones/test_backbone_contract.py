@@ -22,7 +22,7 @@ from mmrepa.backbones import (
     RePaSwin,
     RePaViT,
 )
-from mmrepa.layers import ShiftWindowMSA, shifted_window_mask
+from mmrepa.backbones.swin import ShiftWindowMSA, shifted_window_mask
 from tests.helpers import TINY_ARCH, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12

@@ -19,10 +19,16 @@ from mmrepa.backbones import (
     PoolFormerV2,
     RandFormer,
 )
-from mmrepa.backbones.metaformer import ARCH_SETTINGS, POOLFORMER_ARCHS, checkpoint_filter_fn
+from mmrepa.backbones.metaformer import (
+    ARCH_SETTINGS,
+    POOLFORMER_ARCHS,
+    RandomMixing,
+    SquaredReLU,
+    checkpoint_filter_fn,
+)
 from mmrepa.checkpoint import load_state_dict_checked
 from mmrepa.errors import CheckpointError
-from mmrepa.layers import ChannelIdleFFN, RandomMixing, SquaredReLU
+from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import config_paths, max_abs_diff, naive_windowed_attention, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12

@@ -7,7 +7,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmrepa import reparameterize
 from mmrepa.backbones import RePaSwin
-from mmrepa.backbones.repa_swin import ARCH_SETTINGS
+from mmrepa.backbones.swin import ARCH_SETTINGS
 from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12

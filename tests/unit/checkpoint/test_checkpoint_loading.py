@@ -11,7 +11,7 @@ from mmengine.logging import MMLogger
 
 from mmrepa import reparameterize
 from mmrepa.backbones import CAFormer, RePaSwin
-from mmrepa.backbones.repa_swin import _unfold_order, checkpoint_filter_fn
+from mmrepa.backbones.swin.checkpoint import _unfold_order, checkpoint_filter_fn
 from mmrepa.checkpoint import load_state_dict_checked
 from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
 

@@ -11,7 +11,8 @@ from mmengine.logging import MMLogger
 
 import mmrepa
 from mmrepa.backbones import CAFormer, PRepBNSwin, RePaSwin
-from mmrepa.layers import ChannelIdleFFN, SepConv
+from mmrepa.backbones.metaformer import SepConv
+from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12

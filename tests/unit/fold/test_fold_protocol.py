@@ -10,8 +10,9 @@ import torch.nn as nn
 import mmrepa
 from mmrepa import FoldError, fold_model, reparameterize
 from mmrepa.backbones import RePaSwin
+from mmrepa.backbones.metaformer import SepConv
 from mmrepa.fold import all_or_nothing, check_foldable, checks, find_fold_problems
-from mmrepa.layers import ChannelIdleFFN, SepConv
+from mmrepa.layers import ChannelIdleFFN
 from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
@@ -297,7 +298,7 @@ def _foldable_classes():
 
 
 def _swin_block():
-    from mmrepa.backbones.repa_swin import RePaSwinBlock
+    from mmrepa.backbones.swin import RePaSwinBlock
 
     return RePaSwinBlock(
         8, 2, 2, shift=True, norm_cfg=dict(type='BN1d'), ffn_cfg=dict(idle_ratio=0.5)
@@ -329,7 +330,8 @@ def _build(path: str):
     from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
     from mmrepa.backbones.metaformer import MetaFormer
     from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
-    from mmrepa.layers import ConvPatchEmbed, FoldablePatchEmbed, FoldablePatchMerging
+    from mmrepa.backbones.swin import FoldablePatchMerging
+    from mmrepa.layers import ConvPatchEmbed, FoldablePatchEmbed
 
     meta = dict(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16))
     vgg = dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8)
@@ -352,19 +354,27 @@ def _build(path: str):
             img_size=32,
             join_lambda=1.0,
         ),
-        'backbones.metaformer.CAFormer': lambda: CAFormer(meta, head_dim=8, idle_ratio=0.5),
-        'backbones.metaformer.ConvFormer': lambda: ConvFormer(meta, idle_ratio=0.5),
-        'backbones.metaformer.MetaFormer': lambda: MetaFormer(meta, ('conv',) * 4, idle_ratio=0.5),
-        'backbones.metaformer.MetaFormerBlock': _metaformer_block,
-        'backbones.metaformer.PoolFormer': lambda: PoolFormer(meta, idle_ratio=0.5),
-        'backbones.metaformer.PoolFormerV2': lambda: PoolFormerV2(meta, idle_ratio=0.5),
-        'backbones.metaformer.IdentityFormer': lambda: IdentityFormer(meta, idle_ratio=0.5),
-        'backbones.metaformer.RandFormer': lambda: RandFormer(meta, img_size=64, idle_ratio=0.5),
-        'backbones.prepbn_swin.PRepBNSwin': lambda: PRepBNSwin(
+        'backbones.metaformer.backbone.CAFormer': lambda: CAFormer(
+            meta, head_dim=8, idle_ratio=0.5
+        ),
+        'backbones.metaformer.backbone.ConvFormer': lambda: ConvFormer(meta, idle_ratio=0.5),
+        'backbones.metaformer.backbone.MetaFormer': lambda: MetaFormer(
+            meta, ('conv',) * 4, idle_ratio=0.5
+        ),
+        'backbones.metaformer.blocks.MetaFormerBlock': _metaformer_block,
+        'backbones.metaformer.backbone.PoolFormer': lambda: PoolFormer(meta, idle_ratio=0.5),
+        'backbones.metaformer.backbone.PoolFormerV2': lambda: PoolFormerV2(meta, idle_ratio=0.5),
+        'backbones.metaformer.backbone.IdentityFormer': lambda: IdentityFormer(
+            meta, idle_ratio=0.5
+        ),
+        'backbones.metaformer.backbone.RandFormer': lambda: RandFormer(
+            meta, img_size=64, idle_ratio=0.5
+        ),
+        'backbones.swin.prepbn_swin.PRepBNSwin': lambda: PRepBNSwin(
             TINY_ARCH, window_size=3, idle_ratio=0.5
         ),
-        'backbones.repa_swin.RePaSwin': lambda: RePaSwin(TINY_ARCH, window_size=3),
-        'backbones.repa_swin.RePaSwinBlock': _swin_block,
+        'backbones.swin.repa_swin.RePaSwin': lambda: RePaSwin(TINY_ARCH, window_size=3),
+        'backbones.swin.blocks.RePaSwinBlock': _swin_block,
         'backbones.repopt_vgg.backbone.RepOptVGG': lambda: RepOptVGG(vgg, mode='repvgg'),
         'layers.channel_idle_ffn.ChannelIdleFFN': lambda: ChannelIdleFFN(8),
         'backbones.depth_rep_vit.attention.JoinedAttention': lambda: JoinedAttention(
@@ -376,13 +386,13 @@ def _build(path: str):
             in_channels=3, embed_dims=8, kernel_size=4, stride=4, norm_cfg=dict(type='BN1d')
         ),
         'layers.patch_layers.ConvPatchEmbed': lambda: ConvPatchEmbed(3, 8, 8, stem_channels=8),
-        'layers.patch_layers.FoldablePatchMerging': lambda: FoldablePatchMerging(
+        'backbones.swin.patch_merging.FoldablePatchMerging': lambda: FoldablePatchMerging(
             in_channels=8, out_channels=16, norm_cfg=dict(type='BN1d')
         ),
         'backbones.repopt_vgg.blocks.CSLAConvBN': lambda: CSLAConvBN(8, 8),
         'backbones.repopt_vgg.blocks.RepOptConvBN': lambda: RepOptConvBN(8, 8),
         'backbones.repopt_vgg.blocks.RepVGGConvBN': lambda: RepVGGConvBN(8, 8),
-        'layers.sep_conv.SepConv': lambda: SepConv(8),
+        'backbones.metaformer.sep_conv.SepConv': lambda: SepConv(8),
     }
     return builders[path[len('mmrepa.') :]]()
 
@@ -392,10 +402,10 @@ ABSTRACT = {
     'mmrepa.fold.base.Reparameterizable',
     'mmrepa.backbones.base.DenseBackbone',
     'mmrepa.backbones.plain_vit.PlainViT',
-    'mmrepa.layers.patch_layers._NormFolding',
+    'mmrepa.layers.patch_layers.NormFolding',
     'mmrepa.layers.prenorm_block.PreNormBlock',
     'mmrepa.backbones.repopt_vgg.blocks._RepOptLayer',
-    'mmrepa.backbones.metaformer._PoolFormerV2Body',
+    'mmrepa.backbones.metaformer.backbone._PoolFormerV2Body',
 }
 FOLDABLE = sorted(_foldable_classes())
 

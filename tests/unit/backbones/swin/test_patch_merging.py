@@ -2,7 +2,7 @@ import pytest
 import torch
 from mmcv.cnn.bricks.transformer import PatchMerging
 
-from mmrepa.layers import FoldablePatchMerging
+from mmrepa.backbones.swin import FoldablePatchMerging
 
 
 @pytest.mark.parametrize('hw', [(10, 14), (7, 9), (1, 1), (3, 2)])

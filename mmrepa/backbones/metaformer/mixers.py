@@ -1,12 +1,13 @@
 """The parameter-free and fixed token mixers of PoolFormer and the MetaFormer baselines:
-pooling and random mixing (identity mapping is ``nn.Identity``). Channels-last, as
+pooling and random mixing (MetaFormer baselines, Sec. 2.2, Eq. 5; identity mapping, Eq. 4, is
+``nn.Identity``). Channels-last, as
 :class:`SepConv`: (B, H, W, C) -> (B, H, W, C)."""
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import InputError
+from ...errors import InputError
 
 
 class Pooling(nn.Module):

@@ -1,8 +1,8 @@
-"""StarReLU and squared ReLU (MetaFormer baselines), and the output-affine fold protocol.
+"""StarReLU and squared ReLU, the MetaFormer baselines' activations (Yu et al., "MetaFormer
+Baselines for Vision", Sec. 2.4.1: squared ReLU Eq. 10, StarReLU Eq. 15).
 
-An activation whose output is an affine map of a simpler one, ``act(x) = bare(x) * s + b``,
-exposes ``output_affine(dtype) -> (s, b)`` and ``bare() -> module``. A fold can then move ``s``
-and ``b`` into the linear layer that follows and keep only the bare activation.
+StarReLU implements the output-affine fold protocol (:mod:`mmrepa.layers.output_affine`):
+``StarReLU(x) = SquaredReLU(x) * s + b``.
 """
 
 from typing import Optional, Tuple
@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..registry import MODELS
+from ...registry import MODELS
 
 
 def _autograd_needed(*tensors: Optional[torch.Tensor]) -> bool:
@@ -76,20 +76,3 @@ class StarReLU(nn.Module):
 
     def bare(self) -> nn.Module:
         return SquaredReLU()
-
-
-def has_output_affine(act: nn.Module) -> bool:
-    """Whether ``act`` implements the protocol (``output_affine`` and ``bare``)."""
-    return all(callable(getattr(act, name, None)) for name in ('output_affine', 'bare'))
-
-
-def output_affine(
-    act: nn.Module, dtype: torch.dtype
-) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """``(s, b)`` of an activation implementing the protocol, else ``None``."""
-    return act.output_affine(dtype) if has_output_affine(act) else None
-
-
-def bare_activation(act: nn.Module) -> nn.Module:
-    """The activation without its output affine (a new module), or ``act`` itself."""
-    return act.bare() if has_output_affine(act) else act

@@ -1,4 +1,5 @@
-"""PRepBN-Swin and SLAB-Swin: Swin with progressive re-parameterized BatchNorm (SLAB, SPEC §2).
+"""PRepBN-Swin and SLAB-Swin: Swin with progressive re-parameterized BatchNorm (SLAB, Sec. 4.1,
+Eq. 2 and 5).
 
 Every norm inside the network is a :class:`~mmrepa.layers.PRepBN`; at test time each folds into
 its neighbour (``qkv``, ``fc1``, the patch-merging reduction, the patch-embedding conv), so the
@@ -10,10 +11,11 @@ from typing import Dict, Sequence, Union
 import torch
 from mmengine.registry import MODELS
 
-from ..checkpoint.loading import resize_to_model, strip_prefixes
-from ..layers import from_linear_norm
-from .base import PRepBNBackbone
-from .repa_swin import RePaSwin, checkpoint_filter_fn
+from ...checkpoint.loading import resize_to_model, strip_prefixes
+from ...layers import from_linear_norm
+from ..base import PRepBNBackbone
+from .checkpoint import checkpoint_filter_fn
+from .repa_swin import RePaSwin
 
 
 @MODELS.register_module()
@@ -80,7 +82,7 @@ def prepbn_checkpoint_filter_fn(
 ) -> Dict[str, torch.Tensor]:
     """Convert a Swin-family state dict to :class:`PRepBNSwin` names.
 
-    Understands everything :func:`~mmrepa.backbones.repa_swin.checkpoint_filter_fn` does
+    Understands everything :func:`~mmrepa.backbones.swin.checkpoint_filter_fn` does
     (mmrepa, mmdet, original Swin layouts), plus: SLAB ``LinearNorm`` norms
     (``X.norm1.*`` = LayerNorm branch, ``X.norm2.bn.*`` and ``X.norm2.alpha`` = RepBN,
     ``X.iter / X.total_step`` = λ); plain LayerNorm weights where the model has a PRepBN go to

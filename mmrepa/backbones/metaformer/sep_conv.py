@@ -1,4 +1,5 @@
-"""Inverted separable convolution, ConvFormer's token mixer, with its StarReLU-scale fold."""
+"""Inverted separable convolution, ConvFormer's token mixer (MetaFormer baselines, Sec. 2.3,
+Eq. 6), with its StarReLU-scale fold."""
 
 from typing import List, Optional
 
@@ -6,10 +7,11 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 
-from ..errors import ConfigError
-from ..fold import FoldPolicy, Reparameterizable, fold_dtype
-from ..registry import MODELS, build_activation_layer
-from .activations import SquaredReLU, has_output_affine, output_affine
+from ...errors import ConfigError
+from ...fold import FoldPolicy, Reparameterizable, fold_dtype
+from ...layers import has_output_affine, output_affine
+from ...registry import MODELS, build_activation_layer
+from .activations import SquaredReLU
 
 
 @MODELS.register_module()
