@@ -175,7 +175,7 @@ def _exact_sdpa():
 # Every mmrepa method that calls F.scaled_dot_product_attention.
 # tests/integration/test_mmdeploy.py checks that this list stays complete.
 SDPA_METHODS = (
-    'mmrepa.layers.window_attention.WindowMSA.attend',
+    'mmrepa.backbones.swin.window_attention.WindowMSA.attend',
     'mmrepa.layers.windowed_self_attention.WindowedSelfAttention._attend',
     'mmrepa.backbones.depth_rep_vit.attention.JoinedAttention._attend',
     'mmrepa.backbones.depth_rep_vit.attention.JoinedAttention._per_branch',
