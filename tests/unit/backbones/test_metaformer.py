@@ -366,6 +366,38 @@ def test_folded_and_unfolded_checkpoints_need_the_matching_deploy():
         load_state_dict_checked(ConvFormer(arch=TINY, idle_ratio=0.5, deploy=True), unfolded)
 
 
+# The names mmrepa saved a block's MLP branch under before it was one ChannelIdleFFN ``mlp``:
+# timm's while training, ``ffn`` once folded.
+EARLIER_NAMES = (
+    (r'\.mlp\.norm1\.', '.norm2.'),
+    (r'\.mlp\.norm2\.', '.mlp.norm.'),
+    (r'\.mlp\.res_scale$', '.res_scale2.scale'),
+    (r'\.mlp\.layer_scale$', '.layer_scale2.scale'),
+)
+
+
+def earlier_layout(state, folded):
+    if folded:
+        return {re.sub(r'(blocks\.\d+)\.mlp\.', r'\1.ffn.', k): v for k, v in state.items()}
+    for pattern, name in EARLIER_NAMES:
+        state = {re.sub(pattern, name, k): v for k, v in state.items()}
+    return state
+
+
+@pytest.mark.parametrize('cls, idle', [(ConvFormer, 0.5), (CAFormer, 0.0), (PoolFormer, 0.5)])
+@pytest.mark.parametrize('folded', [False, True])
+def test_checkpoints_with_the_earlier_mlp_names_still_load(cls, idle, folded):
+    model = tiny(cls, idle_ratio=idle)
+    if folded:
+        reparameterize(model)
+    state = earlier_layout(model.state_dict(), folded)
+    assert state.keys() != model.state_dict().keys()
+    loaded = tiny(cls, idle_ratio=idle, deploy=folded)
+    load_state_dict_checked(loaded, checkpoint_filter_fn(state, loaded))
+    x = torch.randn(1, 3, 41, 53, dtype=torch.float64)
+    assert max_abs_diff(loaded(x), model(x)) == 0
+
+
 # ----------------------------------------------------------------------------- sizes, counts
 
 # SPEC §4 / the paper: parameters in millions, classification models with timm's head
