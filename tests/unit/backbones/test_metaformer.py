@@ -400,7 +400,7 @@ def test_checkpoints_with_the_earlier_mlp_names_still_load(cls, idle, folded):
 
 # ----------------------------------------------------------------------------- sizes, counts
 
-# SPEC §4 / the paper: parameters in millions, classification models with timm's head
+# the MetaFormer baselines paper's Table V: parameters in millions, classifiers with timm's head
 PAPER_PARAMS = {
     ('convformer', 's18'): 27,
     ('convformer', 's36'): 40,

@@ -169,7 +169,7 @@ def test_classification_counts_match_the_paper(arch, before_m, after_m):
 
 
 def test_vanilla_counts_match_mmdet_swin():
-    # SPEC: vanilla mmdet Swin-T/S/B backbones have about 27.5 / 48.8 / 86.7 M parameters
+    # mmdet's SwinTransformer-T/S/B backbones (no head) have 27.5 / 48.8 / 86.7 M parameters
     for arch, expected in (('tiny', 27.5), ('small', 48.8), ('base', 86.7)):
         model = RePaSwin(arch=arch, idle_ratio=0.0, ffn_norm='LN')
         assert round(_params(model) / 1e6, 1) == expected
