@@ -24,6 +24,46 @@ from .base import DenseBackbone
 OUT_TYPES = ('avg', 'cls', 'featmap', 'raw')
 
 
+def _check_vit_options(
+    out_type: str,
+    with_cls_token: bool,
+    window_size: Optional[int],
+    mix_token: bool,
+    mix_token_beta: float,
+) -> None:
+    """The outputs, MixToken and windows a plain ViT can combine."""
+    if out_type not in OUT_TYPES:
+        raise ConfigError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
+    if mix_token and (out_type != 'raw' or not with_cls_token):
+        raise ConfigError(
+            'mix_token=True mixes the patch tokens and trains the class token on the mixed '
+            "target: it needs with_cls_token=True, out_type='raw' and a head that reads "
+            'the box (TokenLabelClsHead)'
+        )
+    if mix_token and not mix_token_beta > 0:
+        raise ConfigError(f'mix_token_beta must be > 0 (Beta(β, β)), got {mix_token_beta}')
+    if out_type == 'cls' and not with_cls_token:
+        raise ConfigError("out_type='cls' needs with_cls_token=True")
+    if window_size is not None and with_cls_token:
+        raise ConfigError(
+            'windowed attention (window_size) works on the patch grid only: '
+            'set with_cls_token=False (ViTDet drops the class token)'
+        )
+
+
+def _block_windows(
+    depth: int, window_size: Optional[int], global_blocks: Sequence[int]
+) -> List[Optional[int]]:
+    """Each block's attention window: ``window_size``, None (global) for ``global_blocks``."""
+    global_blocks = sorted({i + depth if i < 0 else i for i in global_blocks})
+    if any(not 0 <= i < depth for i in global_blocks):
+        raise ConfigError(
+            f'global_blocks {global_blocks}: each index must be in [0, {depth - 1}] '
+            f'(the model has {depth} blocks)'
+        )
+    return [None if i in global_blocks else window_size for i in range(depth)]
+
+
 class PlainViT(DenseBackbone):
     """Base of the plain ViTs: ``patch_embed``, ``cls_token``, ``pos_embed`` and
     ``self.stages`` (one block per stage, called as ``block(x, hw_shape)``).
@@ -68,33 +108,12 @@ class PlainViT(DenseBackbone):
         """Check the shared options, build the embeddings (a patchifying conv, or with
         ``conv_stem`` LV-ViT's convolutional embedding); returns each block's attention
         window (None: global)."""
-        if out_type not in OUT_TYPES:
-            raise ConfigError(f'out_type must be one of {OUT_TYPES}, got {out_type!r}')
-        if mix_token and (out_type != 'raw' or not with_cls_token):
-            raise ConfigError(
-                'mix_token=True mixes the patch tokens and trains the class token on the mixed '
-                "target: it needs with_cls_token=True, out_type='raw' and a head that reads "
-                'the box (TokenLabelClsHead)'
-            )
-        if mix_token and not mix_token_beta > 0:
-            raise ConfigError(f'mix_token_beta must be > 0 (Beta(β, β)), got {mix_token_beta}')
+        _check_vit_options(out_type, with_cls_token, window_size, mix_token, mix_token_beta)
         self.mix_token, self.mix_token_beta = mix_token, mix_token_beta
-        if out_type == 'cls' and not with_cls_token:
-            raise ConfigError("out_type='cls' needs with_cls_token=True")
-        if window_size is not None and with_cls_token:
-            raise ConfigError(
-                'windowed attention (window_size) works on the patch grid only: '
-                'set with_cls_token=False (ViTDet drops the class token)'
-            )
         out_indices = [out_indices] if isinstance(out_indices, int) else list(out_indices)
         out_indices = [i + depth if i < 0 else i for i in out_indices]
         self._check_options(depth, out_indices, frozen_stages, norm_eval, deploy)
-        global_blocks = sorted({i + depth if i < 0 else i for i in global_blocks})
-        if any(not 0 <= i < depth for i in global_blocks):
-            raise ConfigError(
-                f'global_blocks {global_blocks}: each index must be in [0, {depth - 1}] '
-                f'(the model has {depth} blocks)'
-            )
+        windows = _block_windows(depth, window_size, global_blocks)
         self.embed_dims = embed_dims
         self.in_channels, self.patch_size = in_channels, patch_size
         self.out_type, self.with_cls_token = out_type, with_cls_token
@@ -103,27 +122,35 @@ class PlainViT(DenseBackbone):
         img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.patch_resolution = (img_size[0] // patch_size, img_size[1] // patch_size)
         self.num_features = [embed_dims] * depth
+        self._build_embeddings(conv_stem, stem_channels, drop_rate, deploy)
+        return windows
 
+    def _build_embeddings(
+        self, conv_stem: bool, stem_channels: int, drop_rate: float, deploy: bool
+    ) -> None:
+        """The patch embedding, the class token (if any), the position embedding sized for
+        the pretraining grid and the dropout after it."""
+        embed_dims = self.embed_dims
         if conv_stem:
             self.patch_embed = ConvPatchEmbed(
-                in_channels, embed_dims, patch_size, stem_channels, deploy=deploy
+                self.in_channels, embed_dims, self.patch_size, stem_channels, deploy=deploy
             )
         else:
             self.patch_embed = FoldablePatchEmbed(
-                in_channels=in_channels,
+                in_channels=self.in_channels,
                 embed_dims=embed_dims,
                 conv_type='Conv2d',
-                kernel_size=patch_size,
-                stride=patch_size,
+                kernel_size=self.patch_size,
+                stride=self.patch_size,
                 norm_cfg=None,
             )
+        with_cls_token = self.with_cls_token
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims)) if with_cls_token else None
         num_patches = self.patch_resolution[0] * self.patch_resolution[1]
         self.pos_embed = nn.Parameter(
             torch.zeros(1, self.num_extra_tokens + num_patches, embed_dims)
         )
         self.drop_after_pos = nn.Dropout(p=drop_rate)
-        return [None if i in global_blocks else window_size for i in range(depth)]
 
     def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
         """Image (B, in_channels, H, W) -> tokens (B, extra + h·w, C) with the position

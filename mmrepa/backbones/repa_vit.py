@@ -78,6 +78,57 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     return dict(ARCH_DEFAULTS, **arch)
 
 
+def _arch_options(arch: Union[str, dict], idle_ratio, mlp_ratio, skip_lam, conv_stem, qkv_bias):
+    """:func:`resolve_arch` with the options given (not None) in place of the arch's, checked."""
+    arch = resolve_arch(arch)
+    given = dict(
+        idle_ratio=idle_ratio,
+        mlp_ratio=mlp_ratio,
+        skip_lam=skip_lam,
+        conv_stem=conv_stem,
+        qkv_bias=qkv_bias,
+    )
+    arch.update({k: v for k, v in given.items() if v is not None})
+    arch['idle_ratio'] = check_unit_interval(arch['idle_ratio'], 'idle_ratio')
+    if not arch['skip_lam'] > 0:
+        raise ConfigError(
+            f'skip_lam divides the residual branches: it must be > 0, got {arch["skip_lam"]}'
+        )
+    return arch
+
+
+def _ffn_cfg(arch: dict, ffn_norm: str, norm_cfg: dict, act_cfg: dict, deploy: bool) -> dict:
+    """Every block's :class:`~mmrepa.layers.ChannelIdleFFN` options: ``ffn_norm='BN'``
+    BatchNorms before ``fc1`` and on the hidden layer, ``'LN'`` ``norm_cfg`` before ``fc1``."""
+    if ffn_norm not in ('BN', 'LN'):
+        raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
+    ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)
+    return dict(
+        mlp_ratio=arch['mlp_ratio'],
+        idle_ratio=arch['idle_ratio'],
+        norm_cfg=ffn_norms[0],
+        hidden_norm_cfg=ffn_norms[1],
+        act_cfg=act_cfg,
+        deploy=deploy,
+    )
+
+
+def _block_attn_types(attn_types: str, depth: int, with_cls_token: bool) -> str:
+    """``attn_types`` as one letter per block (one letter given: every block)."""
+    if len(attn_types) not in (1, depth) or set(attn_types) - set('SL'):
+        raise ConfigError(
+            f"attn_types must be 'S' (softmax attention) or 'L' (simplified linear "
+            f'attention), one letter or one per block ({depth}); got {attn_types!r}'
+        )
+    attn_types = attn_types * depth if len(attn_types) == 1 else attn_types
+    if 'L' in attn_types and with_cls_token:
+        raise ConfigError(
+            "simplified linear attention ('L' in attn_types) works on the patch grid "
+            "only: set with_cls_token=False and out_type='avg' (SLAB-DeiT)"
+        )
+    return attn_types
+
+
 class RePaViTBlock(PreNormBlock):
     """Pre-norm ViT block: ``x + attn(norm1(x))``, then the FFN (which owns its norm and
     shortcut, :class:`~mmrepa.layers.ChannelIdleFFN`).
@@ -302,34 +353,11 @@ class RePaViT(PlainViT):
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
-        arch = resolve_arch(arch)
+        arch = _arch_options(arch, idle_ratio, mlp_ratio, skip_lam, conv_stem, qkv_bias)
         self.num_heads, depth = arch['num_heads'], arch['num_layers']
-        given = dict(
-            idle_ratio=idle_ratio,
-            mlp_ratio=mlp_ratio,
-            skip_lam=skip_lam,
-            conv_stem=conv_stem,
-            qkv_bias=qkv_bias,
-        )
-        arch.update({k: v for k, v in given.items() if v is not None})
-        self.idle_ratio = check_unit_interval(arch['idle_ratio'], 'idle_ratio')
-        if not arch['skip_lam'] > 0:
-            raise ConfigError(
-                f'skip_lam divides the residual branches: it must be > 0, got {arch["skip_lam"]}'
-            )
-        if ffn_norm not in ('BN', 'LN'):
-            raise ConfigError(f"ffn_norm must be 'BN' or 'LN', got {ffn_norm!r}")
-        if len(attn_types) not in (1, depth) or set(attn_types) - set('SL'):
-            raise ConfigError(
-                f"attn_types must be 'S' (softmax attention) or 'L' (simplified linear "
-                f'attention), one letter or one per block ({depth}); got {attn_types!r}'
-            )
-        self.attn_types = attn_types * depth if len(attn_types) == 1 else attn_types
-        if 'L' in self.attn_types and with_cls_token:
-            raise ConfigError(
-                "simplified linear attention ('L' in attn_types) works on the patch grid "
-                "only: set with_cls_token=False and out_type='avg' (SLAB-DeiT)"
-            )
+        self.idle_ratio = arch['idle_ratio']
+        ffn_cfg = _ffn_cfg(arch, ffn_norm, norm_cfg, act_cfg, deploy)
+        self.attn_types = _block_attn_types(attn_types, depth, with_cls_token)
         windows = self._setup_vit(
             arch['embed_dims'],
             depth,
@@ -352,37 +380,37 @@ class RePaViT(PlainViT):
             mix_token_beta=mix_token_beta,
         )
         self.with_cp = with_cp
-        ffn_norms = (dict(type='BN1d'), dict(type='BN1d')) if ffn_norm == 'BN' else (norm_cfg, None)
-        ffn_cfg = dict(
-            mlp_ratio=arch['mlp_ratio'],
-            idle_ratio=self.idle_ratio,
-            norm_cfg=ffn_norms[0],
-            hidden_norm_cfg=ffn_norms[1],
-            act_cfg=act_cfg,
+        block_cfg = dict(
+            linear_window=linear_window or self.patch_resolution[0],
+            qkv_bias=arch['qkv_bias'],
+            drop_rate=drop_rate,
+            norm_cfg=norm_cfg,
+            skip_lam=arch['skip_lam'],
+            with_cp=with_cp,
             deploy=deploy,
         )
-        dpr = drop_path_rates(drop_path_rate, depth)
-        self.stages = ModuleList(
+        self.stages = self._blocks(windows, ffn_cfg, drop_path_rate, block_cfg)
+        self._setup_outputs(out_norm_cfg)
+
+    def _blocks(
+        self, windows: list, ffn_cfg: dict, drop_path_rate: float, block_cfg: dict
+    ) -> ModuleList:
+        """One block per entry of ``windows`` (its attention window, None: global)."""
+        dpr = drop_path_rates(drop_path_rate, len(windows))
+        return ModuleList(
             [
                 RePaViTBlock(
                     self.embed_dims,
                     self.num_heads,
                     ffn_cfg,
-                    window_size=windows[i],
-                    attn_type=self.attn_types[i],
-                    linear_window=linear_window or self.patch_resolution[0],
-                    qkv_bias=arch['qkv_bias'],
-                    drop_rate=drop_rate,
-                    drop_path_rate=dpr[i],
-                    norm_cfg=norm_cfg,
-                    skip_lam=arch['skip_lam'],
-                    with_cp=with_cp,
-                    deploy=deploy,
+                    window_size=window,
+                    attn_type=attn_type,
+                    drop_path_rate=rate,
+                    **block_cfg,
                 )
-                for i in range(depth)
+                for window, attn_type, rate in zip(windows, self.attn_types, dpr)
             ]
         )
-        self._setup_outputs(out_norm_cfg)
 
     def _default_init(self) -> None:
         """ViT's initialisation (timm / DeiT): truncated normal (std .02) for the position
