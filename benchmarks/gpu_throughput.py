@@ -434,14 +434,12 @@ def best(stats: dict, which: str, mode: str, layouts) -> tuple:
     return layout, ms
 
 
-def measure_row(row: Row, args, device: torch.device) -> dict:
-    start = time.perf_counter()
-    model, folded, report, fold_s, options = build(row, args, device)
-    build_s = time.perf_counter() - start - fold_s
+def describe_row(row: Row, model, folded, report, options: dict, device) -> dict:
+    """The row's result before timing: the paper's numbers, sizes before and after the fold."""
     one = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE, device=device)
     before = model_complexity(model, dict(inputs=one, data_samples=None))
     after = model_complexity(folded, dict(inputs=one, data_samples=None))
-    result = dict(
+    return dict(
         name=row.name,
         config=row.config,
         options=options,
@@ -462,12 +460,11 @@ def measure_row(row: Row, args, device: torch.device) -> dict:
         gmacs_after=after['macs'] / 1e9,
         mac_ratio=before['macs'] / after['macs'],
         fold=dict(summary=report.summary(), not_folded=list(report.unfolded)),
-        build_s=build_s,
-        fold_s=fold_s,
     )
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(args.batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=gen).to(device)
-    check = x[:VERIFY_IMAGES].contiguous()
+
+
+def verify_fold(row: Row, model, folded, check: torch.Tensor, result: dict) -> None:
+    """Folded against unfolded in float32 without TF32 on ``check``, into ``result``."""
     with tf32(False):
         verify = difference(model(check, mode='tensor'), folded(check, mode='tensor'))
     verify.update(rtol=VERIFY_RTOL, images=len(check), dtype='float32', tf32=False)
@@ -476,12 +473,15 @@ def measure_row(row: Row, args, device: torch.device) -> dict:
     print(
         f'  {row.name}: {result["params_before"] / 1e6:.1f} -> {result["params_after"] / 1e6:.1f}'
         f' M params, {result["gmacs_before"]:.2f} -> {result["gmacs_after"]:.2f} GMACs; '
-        f'folded in {fold_s:.1f} s; folded vs unfolded (float32, {len(check)} images): '
+        f'folded in {result["fold_s"]:.1f} s; folded vs unfolded (float32, {len(check)} images): '
         f'{verify["rel"]:.1e} of the largest logit '
         f'({"verified" if result["verified"] else "NOT VERIFIED"}, limit {VERIFY_RTOL:g})',
         flush=True,
     )
 
+
+def in_layouts(model, folded, x: torch.Tensor, args):
+    """({(which, layout): model}, {layout: input}): channels-last copies for nhwc."""
     models, inputs = {}, {}
     for layout in args.layouts:
         nhwc = layout == 'nhwc'
@@ -490,6 +490,55 @@ def measure_row(row: Row, args, device: torch.device) -> dict:
         for which, m in (('unfolded', model), ('folded', folded)):
             m = copy.deepcopy(m) if nhwc and 'nchw' in args.layouts else m
             models[which, layout] = m.to(memory_format=memory_format) if nhwc else m
+    return models, inputs
+
+
+def mode_run(row: Row, args, mode: str, stats: dict, failed: dict, mac_ratio: float) -> dict:
+    """One precision's result in ``mode``: each layout's timings, and the faster layout's
+    ratio folded / unfolded against the paper's (``met`` None if either side was not timed)."""
+    run = dict(mode=mode, layouts={})
+    for layout in args.layouts:
+        timed = {w: stats.get(f'{w}/{layout}/{mode}') for w in ('unfolded', 'folded')}
+        if None in timed.values():
+            continue
+        entry = {
+            w: dict(median_ms=s.median, min_ms=s.min, max_ms=s.max, samples_ms=s.samples,
+                    img_s=args.batch * 1e3 / s.median)
+            for w, s in timed.items()
+        }  # fmt: skip
+        entry['ratio'] = entry['folded']['img_s'] / entry['unfolded']['img_s']
+        run['layouts'][layout] = entry
+    graph_errors = {k: v for k, v in failed.items() if k.endswith(f'/{mode}')}
+    if graph_errors:
+        run['graph_errors'] = graph_errors
+    lay_u, ms_u = best(stats, 'unfolded', mode, args.layouts)
+    lay_f, ms_f = best(stats, 'folded', mode, args.layouts)
+    if ms_u is None or ms_f is None:
+        run['met'] = None
+        return run
+    ratio = ms_u / ms_f
+    run.update(
+        unfolded=dict(layout=lay_u, img_s=args.batch * 1e3 / ms_u),
+        folded=dict(layout=lay_f, img_s=args.batch * 1e3 / ms_f),
+        ratio=ratio,
+        paper_ratio=row.paper_ratio,
+        met=ratio >= row.paper_ratio,
+        speedup_over_mac_ratio=ratio / mac_ratio,
+    )
+    return run
+
+
+def measure_row(row: Row, args, device: torch.device) -> dict:
+    start = time.perf_counter()
+    model, folded, report, fold_s, options = build(row, args, device)
+    build_s = time.perf_counter() - start - fold_s
+    result = describe_row(row, model, folded, report, options, device)
+    result.update(build_s=build_s, fold_s=fold_s)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=gen).to(device)
+    check = x[:VERIFY_IMAGES].contiguous()
+    verify_fold(row, model, folded, check, result)
+    models, inputs = in_layouts(model, folded, x, args)
     result['runs'] = []
     for precision in args.precisions:
         context = precision_context(precision, device)
@@ -498,39 +547,12 @@ def measure_row(row: Row, args, device: torch.device) -> dict:
         calls, failed = variants_for(models, inputs, precision, args, device)
         stats = time_interleaved(calls, repeat=args.repeat, warmup=args.warmup, device=device)
         for mode in args.modes:
-            run = dict(precision=precision, mode=mode, layouts={})
-            for layout in args.layouts:
-                timed = {w: stats.get(f'{w}/{layout}/{mode}') for w in ('unfolded', 'folded')}
-                if None in timed.values():
-                    continue
-                entry = {
-                    w: dict(median_ms=s.median, min_ms=s.min, max_ms=s.max, samples_ms=s.samples,
-                            img_s=args.batch * 1e3 / s.median)
-                    for w, s in timed.items()
-                }  # fmt: skip
-                entry['ratio'] = entry['folded']['img_s'] / entry['unfolded']['img_s']
-                run['layouts'][layout] = entry
-            graph_errors = {k: v for k, v in failed.items() if k.endswith(f'/{mode}')}
-            if graph_errors:
-                run['graph_errors'] = graph_errors
-            lay_u, ms_u = best(stats, 'unfolded', mode, args.layouts)
-            lay_f, ms_f = best(stats, 'folded', mode, args.layouts)
-            if ms_u is None or ms_f is None:
-                run['met'] = None
-                result['runs'].append(run)
-                continue
-            ratio = ms_u / ms_f
-            run.update(
-                unfolded=dict(layout=lay_u, img_s=args.batch * 1e3 / ms_u),
-                folded=dict(layout=lay_f, img_s=args.batch * 1e3 / ms_f),
-                ratio=ratio,
-                paper_ratio=row.paper_ratio,
-                met=ratio >= row.paper_ratio,
-                speedup_over_mac_ratio=ratio / result['mac_ratio'],
-                autocast_difference=check_diff,
-            )
+            ratio = result['mac_ratio']
+            run = dict(precision=precision, **mode_run(row, args, mode, stats, failed, ratio))
+            if run['met'] is not None:
+                run['autocast_difference'] = check_diff
+                print(f'  {row.name}: {format_run(run)}', flush=True)
             result['runs'].append(run)
-            print(f'  {row.name}: {format_run(run)}', flush=True)
         del calls
         if device.type == 'cuda':
             torch.cuda.synchronize(device)

@@ -232,7 +232,7 @@ def profile_repa_swin(int8_path, tmp):
     return result
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument(
         '--out', default=osp.join(ROOT, 'benchmarks', 'results', 'quantize_demo_models.json')
@@ -251,7 +251,73 @@ def main(argv=None):
         'in --out stay',
     )
     add_demo_root_argument(parser)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def measure(results: dict, selected) -> list:
+    """Every selected run (into ``results``, with the backbone's profile); returns its rows."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix='mmrepa.qbench.') as tmp:
+        for model, part, form, label, extra in RUNS:
+            if not selected(model, label):
+                continue
+            what, backbone = MODELS[model].what, MODELS[model].backbone
+            if MODELS[model].missing():
+                results['skipped'].append(f'{model}: no {", ".join(MODELS[model].missing())}')
+                continue
+            print(f'{backbone} {what} {part} {form} ({label}) ...', flush=True)
+            result, int8_path = run(model, part, form, extra, tmp)
+            results['runs'].append(
+                dict(
+                    summary(result),
+                    model=model,
+                    backbone=backbone,
+                    what=what,
+                    settings=label,
+                    **stamp(),
+                )
+            )
+            rows.append(results['runs'][-1])
+            if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
+                results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
+    return rows
+
+
+def print_results(results: dict, rows: list) -> None:
+    """This run's rows as a markdown table, and the backbone's profile."""
+    print(
+        '\n| backbone | model | part | form | settings | SQNR dB | metric f32 -> INT8 | '
+        'f32 / INT8 ms | speed-up |\n|---|---|---|---|---|---|---|---|---|'
+    )
+    for r in rows:
+        metric = ''
+        if 'metric' in r:
+            key = r['metric_key']
+            metric = f'{r["metric"]["float32"][key]:.4g} -> {r["metric"]["int8"][key]:.4g}'
+        lat = r.get('latency_ms', {})
+        ms = f'{lat["float32"]["median"]:.2f} / {lat["int8"]["median"]:.2f}' if lat else ''
+        print(
+            f'| {r["backbone"]} | {r["what"]} | {r["part"]} | {r["form"]} | {r["settings"]} | '
+            f'{r["sqnr_db"]:.1f} | {metric} | {ms} | {r.get("speedup", float("nan")):.2f} |'
+        )
+    if 'profile_repa_swin_backbone' in results:
+        p = results['profile_repa_swin_backbone']
+        for name in ('float32', 'int8'):
+            kinds = ', '.join(f'{k} {v:.2f}' for k, v in p[name]['by_kind_ms'].items())
+            print(f'profile {name}: {p[name]["total_ms"]:.2f} ms per run ({kinds})')
+        print(
+            f'float32 MatMul/Gemm/Conv share {p["float32_matmul_share"]:.0%}: INT8 speed-up '
+            f'bound {p["speedup_bound_if_matmuls_were_2x"]:.2f}x at 2x faster kernels, '
+            f'{p["speedup_bound_if_matmuls_were_free"]:.2f}x if they were free; the INT8 '
+            f'kernels ran {p["int8_matmul_kernel_speedup"]:.2f}x faster'
+        )
+        print('INT8 ops onnxruntime runs:', p['int8']['runtime_ops'])
+    for s in results['skipped']:
+        print('skipped:', s)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     use_demo_root(args.demo_root)
     import onnxruntime
 
@@ -284,61 +350,10 @@ def main(argv=None):
         results['runs'] = [r for r in kept['runs'] if not selected(r['model'], r['settings'])]
         if not profiled and 'profile_repa_swin_backbone' in kept:
             results['profile_repa_swin_backbone'] = kept['profile_repa_swin_backbone']
-    rows = []
-    with tempfile.TemporaryDirectory(prefix='mmrepa.qbench.') as tmp:
-        for model, part, form, label, extra in RUNS:
-            if not selected(model, label):
-                continue
-            what, backbone = MODELS[model].what, MODELS[model].backbone
-            if MODELS[model].missing():
-                results['skipped'].append(f'{model}: no {", ".join(MODELS[model].missing())}')
-                continue
-            print(f'{backbone} {what} {part} {form} ({label}) ...', flush=True)
-            result, int8_path = run(model, part, form, extra, tmp)
-            results['runs'].append(
-                dict(
-                    summary(result),
-                    model=model,
-                    backbone=backbone,
-                    what=what,
-                    settings=label,
-                    **stamp(),
-                )
-            )
-            rows.append(results['runs'][-1])
-            if (model, part, form, label) == ('retinanet', 'backbone', 'folded', 'default'):
-                results['profile_repa_swin_backbone'] = profile_repa_swin(int8_path, tmp)
+    rows = measure(results, selected)
     finish(machine)
     write_json(results, args.out)
-    print(
-        '\n| backbone | model | part | form | settings | SQNR dB | metric f32 -> INT8 | '
-        'f32 / INT8 ms | speed-up |\n|---|---|---|---|---|---|---|---|---|'
-    )
-    for r in rows:
-        metric = ''
-        if 'metric' in r:
-            key = r['metric_key']
-            metric = f'{r["metric"]["float32"][key]:.4g} -> {r["metric"]["int8"][key]:.4g}'
-        lat = r.get('latency_ms', {})
-        ms = f'{lat["float32"]["median"]:.2f} / {lat["int8"]["median"]:.2f}' if lat else ''
-        print(
-            f'| {r["backbone"]} | {r["what"]} | {r["part"]} | {r["form"]} | {r["settings"]} | '
-            f'{r["sqnr_db"]:.1f} | {metric} | {ms} | {r.get("speedup", float("nan")):.2f} |'
-        )
-    if 'profile_repa_swin_backbone' in results:
-        p = results['profile_repa_swin_backbone']
-        for name in ('float32', 'int8'):
-            kinds = ', '.join(f'{k} {v:.2f}' for k, v in p[name]['by_kind_ms'].items())
-            print(f'profile {name}: {p[name]["total_ms"]:.2f} ms per run ({kinds})')
-        print(
-            f'float32 MatMul/Gemm/Conv share {p["float32_matmul_share"]:.0%}: INT8 speed-up '
-            f'bound {p["speedup_bound_if_matmuls_were_2x"]:.2f}x at 2x faster kernels, '
-            f'{p["speedup_bound_if_matmuls_were_free"]:.2f}x if they were free; the INT8 '
-            f'kernels ran {p["int8_matmul_kernel_speedup"]:.2f}x faster'
-        )
-        print('INT8 ops onnxruntime runs:', p['int8']['runtime_ops'])
-    for s in results['skipped']:
-        print('skipped:', s)
+    print_results(results, rows)
     print(f'wrote {args.out}')
 
 
