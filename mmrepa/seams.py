@@ -39,7 +39,7 @@ def _excepthook(kind, err, tb, previous) -> None:
     line = None
     if not os.environ.get('MMREPA_TRACEBACK'):
         try:
-            from .config.checks import TRACEBACK_HINT, explain
+            from .config.explain import TRACEBACK_HINT, explain
 
             line = explain(err, tb)
         except Exception:  # noqa: BLE001  never hide the real error behind one of ours

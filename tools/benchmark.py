@@ -41,9 +41,8 @@ from mmengine.config import DictAction
 import mmrepa
 from mmrepa.apis import init_model
 from mmrepa.config.inputs import config_inputs
-from mmrepa.config.paths import ConfigPath
 from mmrepa.errors import ConfigError
-from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.args import ConfigPath, one_line_errors
 from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import export_onnx, onnx_max_abs_error, onnxruntime_session, run_onnx

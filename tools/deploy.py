@@ -38,8 +38,8 @@ import mmrepa
 from mmrepa.apis import build_model, init_model, load_config
 from mmrepa.checkpoint import save_atomically
 from mmrepa.config.inputs import config_inputs
-from mmrepa.config.paths import ConfigPath, find_config
-from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.config.paths import find_config
+from mmrepa.integrations.cli.args import ConfigPath, one_line_errors
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.optional import require
 from mmrepa.utils.files import atomic_folder, write_json

@@ -23,8 +23,7 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import init_model
-from mmrepa.config.paths import ConfigPath
-from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.args import ConfigPath, one_line_errors
 from mmrepa.integrations.cli.outputs import guarded_config
 from mmrepa.integrations.onnx import (
     TensorForward,

@@ -20,9 +20,8 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import init_model
-from mmrepa.config.paths import ConfigPath
 from mmrepa.engine.hooks import join_modules
-from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.args import ConfigPath, one_line_errors
 from mmrepa.integrations.cli.batches import add_shape_argument, default_input_shape, pipeline_batch
 from mmrepa.integrations.cli.outputs import guarded_config
 from mmrepa.utils import complexity, model_complexity

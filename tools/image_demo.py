@@ -301,7 +301,7 @@ def draw_predictions(
 ) -> None:
     """Run the model on the image at ``path``, print what it predicts, draw it to
     ``out_file``."""
-    from mmrepa.config.inputs import read_image
+    from mmrepa.integrations.cli.inputs import read_image
 
     image = read_image(TOOL, path)  # not an image: one line, no cv2 traceback
     classes = predictor.dataset_meta['classes']

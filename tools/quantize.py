@@ -49,11 +49,11 @@ from mmengine.config import DictAction
 
 import mmrepa
 from mmrepa.apis import init_model, load_config
-from mmrepa.config.inputs import check_inputs, config_inputs
-from mmrepa.config.paths import ConfigPath
+from mmrepa.config.inputs import config_inputs
 from mmrepa.errors import ConfigError
 from mmrepa.fold import is_foldable
-from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.args import ConfigPath, one_line_errors
+from mmrepa.integrations.cli.inputs import check_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.onnx import (
     TensorForward,

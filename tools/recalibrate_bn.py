@@ -13,9 +13,10 @@ existing OUT.pth is replaced, atomically (a temporary file beside it, renamed at
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.checkpoint.saving import save_atomically
-from mmrepa.config.inputs import check_inputs, config_inputs
+from mmrepa.config.inputs import config_inputs
 from mmrepa.engine import recalibrate_model_bn
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
+from mmrepa.integrations.cli.inputs import check_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.cli.runner import build_runner
 

@@ -22,8 +22,7 @@ from mmengine.runner import load_checkpoint
 import mmrepa
 from mmrepa.apis import init_model
 from mmrepa.checkpoint import save_atomically
-from mmrepa.config.paths import ConfigPath
-from mmrepa.integrations.cli.args import one_line_errors
+from mmrepa.integrations.cli.args import ConfigPath, one_line_errors
 from mmrepa.integrations.cli.outputs import guarded_config
 
 TOOL = 'tools/reparameterize.py'

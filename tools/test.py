@@ -31,10 +31,11 @@ from mmengine.dist import is_main_process
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
 from mmrepa.checkpoint import load_checkpoint_file
-from mmrepa.config.inputs import check_inputs, config_inputs
+from mmrepa.config.inputs import config_inputs
 from mmrepa.errors import ConfigError
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
+from mmrepa.integrations.cli.inputs import check_inputs
 from mmrepa.integrations.cli.outputs import check_outputs
 from mmrepa.integrations.cli.runner import build_runner, run
 from mmrepa.utils.files import atomic_folder, atomic_output, write_json

@@ -8,9 +8,9 @@ exist, and names every missing path.
 """
 
 import mmrepa  # noqa: F401  registers mmrepa and allow-lists mmengine checkpoint types
-from mmrepa.config.inputs import check_inputs
 from mmrepa.integrations.cli.args import one_line_errors, tool_argument_parser, tool_config
 from mmrepa.integrations.cli.distributed import check_strategy, setup_cpu_distributed
+from mmrepa.integrations.cli.inputs import check_inputs
 from mmrepa.integrations.cli.runner import build_runner, run
 
 

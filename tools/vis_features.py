@@ -150,8 +150,8 @@ def run(args):
 
     import mmrepa
     from mmrepa.apis import init_model
-    from mmrepa.config.inputs import read_image
     from mmrepa.integrations.cli.args import one_line_errors
+    from mmrepa.integrations.cli.inputs import read_image
 
     image = read_image('tools/vis_features.py', args.image)  # before the model is built
 

@@ -1,25 +1,23 @@
-"""The model checks a tool runs before it builds anything, and the last resort when it cannot.
+"""The model checks a tool runs before it builds anything.
 
 mmengine's Runner writes the environment and the whole config (~540 lines) before it builds the
 model, so a typo in a type, an unknown ``arch`` or a checkpoint of another model used to surface
 below all that, in a traceback. Our tools call :func:`check_custom_imports`,
 :func:`check_classifier` and :func:`check_types` (from :func:`mmrepa.apis.load_config`) and
-:func:`check_model` (from :func:`mmrepa.config.inputs.check_inputs`) first, which raise
+:func:`check_model` (from :func:`mmrepa.integrations.cli.inputs.check_inputs`) first, which raise
 :class:`~mmrepa.errors.ConfigError` or :class:`~mmrepa.errors.CheckpointError` with one line
 per problem.
 
 mmdet's, mmseg's and mmpretrain's own tools (``mim train mmdet CONFIG``) build our backbones
-inside their Runner, after the print-out; there the excepthook of :mod:`mmrepa.seams` turns the
-errors whose cause is known into one line at the end instead of a traceback (see
-:func:`explain`).
+inside their Runner, after the print-out; there the excepthook of :mod:`mmrepa.seams` (their
+opt-in, :mod:`mmrepa.one_line_errors`) turns the errors whose cause is known into one line at
+the end instead of a traceback (see :func:`mmrepa.config.explain.explain`).
 """
 
 import copy
 import importlib
 import os
-import re
 import sys
-import traceback
 import warnings
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -27,7 +25,7 @@ import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import DefaultScope, Registry
 
-from ..errors import CheckpointError, ConfigError, MMRepaError
+from ..errors import CheckpointError, ConfigError
 from .paths import closest
 
 # The registries a model config's ``type``s come from: modules and losses, assigners and coders
@@ -281,95 +279,3 @@ def check_model(cfg: Config, checkpoints: Iterable[Tuple[str, str, Optional[str]
         local = os.path.expanduser(path or '')
         if backbone is not None and path and not is_remote(path) and os.path.isfile(local):
             check_checkpoint_fit(backbone, local, where)
-
-
-# ----------------------------------------------- the last resort, in other projects' tools
-
-_REGISTRY_KEY_ERROR = re.compile(r'(\S+) is not in the (\w+)::(\w+) registry')
-_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
-TRACEBACK_HINT = '(mmrepa shortened this error; MMREPA_TRACEBACK=1 shows the traceback)'
-
-
-def _runner_config(tb) -> Optional[Config]:
-    """The config of the mmengine Runner whose method raised, if one did."""
-    from mmengine.runner import Runner
-
-    for frame, _ in traceback.walk_tb(tb):
-        runner = frame.f_locals.get('self')
-        if isinstance(runner, Runner) and isinstance(getattr(runner, 'cfg', None), Config):
-            return runner.cfg
-    return None
-
-
-def _data_problems(err: BaseException, cfg: Config) -> List[str]:
-    """The data problems of ``cfg`` that caused ``err``: missing files the error names, or a
-    class filter that left a data set empty (mmdet: "need at least one array to
-    concatenate")."""
-    from .inputs import class_filter_problems, find_missing_inputs
-
-    splits = ('train', 'val', 'test')
-    if isinstance(err, FileNotFoundError):
-        missing = find_missing_inputs(cfg, splits=splits, pretrained=True)
-        return [str(m) for m in missing if m.path in str(err)]
-    if isinstance(err, ValueError) and 'need at least one array' in str(err):
-        return class_filter_problems(cfg, splits)
-    return []
-
-
-def _key_problems(err: BaseException, cfg: Config) -> List[str]:
-    """The key of ``cfg`` behind "got an unexpected keyword argument 'k'" from a loop, data
-    loader, optimizer, scheduler, hook or evaluator the Runner built (see :mod:`.key_checks`)."""
-    from .key_checks import key_problems
-
-    match = _UNEXPECTED_KEYWORD.search(str(err)) if isinstance(err, TypeError) else None
-    if not match:
-        return []
-    return [line for line in key_problems(cfg) if f'no argument {match.group(1)!r}' in line]
-
-
-def _in_context(err: ConfigError, cfg: Optional[Config]) -> str:
-    """``err``'s message as our tools give it (``model.backbone (RePaSwin): ...``) if building
-    the config's backbone alone raises it, else as it is."""
-    try:
-        if cfg is not None:
-            build_backbone(cfg)
-    except ConfigError as found:
-        if str(err) in str(found):
-            return str(found)
-    return str(err)
-
-
-def _unregistered(message: str, cfg: Optional[Config]) -> Optional[str]:
-    """mmengine's "X is not in the scope::kind registry" with the option and "did you mean"."""
-    match = _REGISTRY_KEY_ERROR.match(message)
-    if not match:
-        return None
-    name, scope, kind = match.groups()
-    lines = [line for line in unknown_types(cfg) if f'={name!r}' in line] if cfg else []
-    if lines:  # a model type: the line names the option
-        return '\n'.join(lines)
-    registries = [
-        r
-        for r in vars(importlib.import_module(f'{scope}.registry')).values()
-        if isinstance(r, Registry) and r.scope == scope and r.name == kind
-    ]
-    hint = did_you_mean(name, registries) or 'is its package in custom_imports?'
-    return f'{name!r} is not registered in the {scope} {kind} registry: {hint}'
-
-
-def explain(err: BaseException, tb=None) -> Optional[str]:
-    """The one-line (or one line per problem) account of an uncaught error whose cause is
-    known, or ``None``: mmrepa's own errors (their messages name the option and the fix), an
-    unregistered type (with "did you mean"), and, raised inside a Runner, a missing data file,
-    an emptied data set or a key that what it configures does not take (found by the checks
-    our tools run first)."""
-    cfg = _runner_config(tb) if tb is not None else None
-    if isinstance(err, ConfigError):
-        return f'ConfigError: {_in_context(err, cfg)}'
-    if isinstance(err, MMRepaError):
-        return f'{type(err).__name__}: {err}'
-    if isinstance(err, KeyError) and err.args:
-        return _unregistered(str(err.args[0]), cfg)
-    if cfg is None:
-        return None
-    return '\n'.join(_data_problems(err, cfg) + _key_problems(err, cfg)) or None

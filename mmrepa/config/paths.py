@@ -7,7 +7,6 @@ exist is looked for one folder down, under the same name: one match is that conf
 itself, never a copy that could drift); otherwise the error names the closest configs.
 """
 
-import argparse
 import difflib
 import glob
 import os
@@ -61,15 +60,3 @@ def closest(word: str, words, n: int = 3, margin: float = 0.03) -> List[str]:
     close = difflib.get_close_matches(word, list(words), n=n, cutoff=0.6)
     best = difflib.SequenceMatcher(None, word, close[0]).ratio() if close else 0
     return [c for c in close if difflib.SequenceMatcher(None, word, c).ratio() > best - margin]
-
-
-class ConfigPath(argparse.Action):
-    """The ``config`` argument of a tool: where :func:`find_config` finds it, or as given (the
-    tool's first read of it, :func:`mmrepa.apis.load_config`, then names the closest)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        try:
-            values = find_config(values)
-        except FileNotFoundError:
-            pass
-        setattr(namespace, self.dest, values)

@@ -14,7 +14,7 @@ import torch
 
 from mmrepa.apis import init_model
 from mmrepa.backbones import RePaSwin
-from mmrepa.config.checks import TRACEBACK_HINT, explain
+from mmrepa.config.explain import TRACEBACK_HINT, explain
 from mmrepa.datasets import make_shapes_coco
 from mmrepa.seams import _excepthook
 from tests.helpers import DEMO, run_script_here, shapes_cfg_options

@@ -12,10 +12,10 @@ from mmengine.dataset import BaseDataset
 from mmrepa.config.inputs import (
     README_SECTION,
     MissingInput,
-    check_inputs,
     find_missing_inputs,
 )
 from mmrepa.errors import CheckpointError, InputError
+from mmrepa.integrations.cli.inputs import check_inputs
 from tests.helpers import ROOT, assert_no_warnings, run_script_here, tool_process
 
 RETINANET = osp.join(ROOT, 'configs', 'repa_swin', 'retinanet_repa_swin_b_1x_coco.py')

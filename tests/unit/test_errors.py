@@ -15,7 +15,7 @@ import pytest
 
 import mmrepa
 import mmrepa.errors as errors
-from mmrepa.config.checks import explain
+from mmrepa.config.explain import explain
 from mmrepa.integrations.cli.args import one_line_errors
 from tests.helpers import ROOT, run_script_here
 

@@ -8,7 +8,7 @@ from torch import nn
 from mmrepa.checkpoint.loading import check_dtypes
 from mmrepa.checkpoint.sharded import SHARD_META, consolidate
 from mmrepa.checkpoint.validation import repeats_values
-from mmrepa.datasets.own_data import _check_entries, _finite
+from mmrepa.datasets.own_data.coco import _check_entries, _finite
 from mmrepa.errors import CheckpointError, ConfigError
 
 

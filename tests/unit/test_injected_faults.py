@@ -15,7 +15,7 @@ from mmrepa.backbones import PoolFormer, PRepBNViT
 from mmrepa.checkpoint import load_checkpoint_file
 from mmrepa.checkpoint.sharded import SHARD_META, rank_file
 from mmrepa.config.checks import check_checkpoint_fit
-from mmrepa.datasets.own_data import _clip_topk
+from mmrepa.datasets.own_data.folder import _clip_topk
 from mmrepa.datasets.token_label import read_label_map
 from mmrepa.engine import ReparameterizeHook
 from mmrepa.engine.hooks.scheduled_scalar_hook import iterations

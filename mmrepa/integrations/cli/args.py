@@ -10,9 +10,21 @@ import os.path as osp
 from mmengine.config import Config, DictAction
 
 from ...apis import load_config
-from ...config.paths import ConfigPath
+from ...config.paths import find_config
 from ...errors import ConfigError, MMRepaError
 from .runner import freeze_loaded_objects
+
+
+class ConfigPath(argparse.Action):
+    """The ``config`` argument of a tool: where :func:`find_config` finds it, or as given (the
+    tool's first read of it, :func:`mmrepa.apis.load_config`, then names the closest)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            values = find_config(values)
+        except FileNotFoundError:
+            pass
+        setattr(namespace, self.dest, values)
 
 
 def tool_argument_parser(description: str, distributed: bool = True) -> argparse.ArgumentParser:
