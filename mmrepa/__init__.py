@@ -3,19 +3,19 @@
 Importing mmrepa registers its backbones and hooks in mmengine's root registries (so
 ``type='RePaSwin'`` resolves from the mmdet, mmseg and mmpretrain scopes) and its layers in the
 ``mmrepa`` child registry (``type='mmrepa.PRepBN'`` from any scope, see :mod:`mmrepa.registry`).
-It needs torch, mmengine and mmcv only. Everything else it changes in the process (a warnings
-filter, torch's allow-list, mmengine's checkpoint schemes, the excepthook) is listed, with why,
-in :mod:`mmrepa.seams`.
+It needs torch, mmengine and mmcv only. The one other change it makes in the process is its
+safety net, the restricted checkpoint loader (torch's allow-list, mmengine's checkpoint
+schemes), which ``MMREPA_RESTRICTED_LOAD=0`` turns off; the excepthook and the warnings filter
+are for tools only (:mod:`mmrepa.one_line_errors` opts other projects' tools in). All of it is
+listed, with why, in :mod:`mmrepa.seams`.
 """
 
-from . import seams
+from . import backbones, engine, layers, necks, seams  # noqa: F401  (importing registers)
+from .checkpoint import allow_mmengine_checkpoints
+from .fold import FoldError, FoldReport, fold_model, reparameterize
+from .version import __version__
 
-seams.install()  # first: its warnings filter must precede the imports of mmengine
-
-from . import backbones, engine, layers, necks  # noqa: E402,F401  (importing registers)
-from .checkpoint import allow_mmengine_checkpoints  # noqa: E402
-from .fold import FoldError, FoldReport, fold_model, reparameterize  # noqa: E402
-from .version import __version__  # noqa: E402
+seams.install()  # the safety net only
 
 __all__ = [
     '__version__',

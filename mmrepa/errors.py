@@ -5,8 +5,9 @@ checkpoint of another model, a model that cannot be folded, a data file, image, 
 output path or command-line value a tool cannot use, a missing optional package -- is an
 :class:`MMRepaError` whose message names the file, option or key and says what to do. A tool
 prints any of them as one line, ``tools/X.py: message``, and exits with status 1
-(:func:`mmrepa.integrations.cli.args.one_line_errors`); ``import mmrepa`` does the same for
-mmdet's, mmseg's and mmpretrain's own tools (see :mod:`mmrepa.seams`).
+(:func:`mmrepa.integrations.cli.args.one_line_errors`); the opt-in
+:mod:`mmrepa.one_line_errors` does the same for mmdet's, mmseg's and mmpretrain's own tools
+(see :mod:`mmrepa.seams`).
 
 Library code raises these and never ``SystemExit``: turning an error into an exit status is the
 tools' business. Each class also derives from the built-in exception the same mistake raised

@@ -31,6 +31,7 @@ def test_import_mmrepa_makes_exactly_the_listed_changes():
         'import sys, warnings, json, torch\n'
         'hook_before = sys.excepthook is sys.__excepthook__\n'
         'import mmrepa\n'
+        'import mmrepa.one_line_errors\n'  # the tools' opt-in: the hook and the filter
         'from mmengine.runner.checkpoint import CheckpointLoader\n'
         'from mmrepa.checkpoint.stand_ins import MMENGINE_GLOBALS\n'
         'print(json.dumps(dict(\n'
