@@ -182,6 +182,7 @@ def test_layernorm_checkpoint_of_another_size_or_family_is_refused(tmp_path):
         (dict(norm_after_stage=True), r'norm_after_stage=True \(a PVTv2 option\)'),
         (dict(arch='small', num_layers=[2, 2, 2, 2]), r"arch='small' has num_layers"),
         (dict(sr_ratios=(8, 4, 2)), r'sr_ratios has 3 entries'),
+        (dict(patch_sizes=(4, 2, 2, 2, 2)), r'patch_sizes has 5 entries but the arch has 4'),
         (dict(attn_types='LLL'), r"attn_types must have one letter per stage \(4\).*'LLL'"),
         (dict(attn_types='LLXS'), r"attn_types must have one letter per stage \(4\).*'LLXS'"),
     ],
@@ -190,6 +191,17 @@ def test_bad_options_say_what_is_wrong_in_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
         PRepBNPVT(**kwargs)
     assert '\n' not in str(info.value)
+
+
+def test_one_value_of_a_per_stage_option_serves_every_stage():
+    torch.manual_seed(0)
+    one = ours(paddings=0, sr_ratios=2)
+    torch.manual_seed(0)
+    each = ours(paddings=(0, 0, 0, 0), sr_ratios=(2, 2, 2, 2))
+    assert repr(one) == repr(each)
+    assert all(
+        torch.equal(a, b) for a, b in zip(one.state_dict().values(), each.state_dict().values())
+    )
 
 
 # ----------------------------------------------------------------- SLAB-PVT in SLAB's layout

@@ -535,6 +535,29 @@ def test_repopt_adamw_equals_adamw_on_the_csla(amsgrad):
     assert err <= TOL
 
 
+@pytest.mark.parametrize('amsgrad', [False, True])
+def test_a_kernels_adamw_moments_are_torchs_on_the_raw_gradient(amsgrad):
+    """The state of a RepOpt kernel is what torch's AdamW keeps for its raw gradient, bit for
+    bit: the multiplier acts on the update only, and a plain AdamW state loads as it is."""
+    g = torch.Generator().manual_seed(5)
+    scales = torch.randn(2, C2, C, 3, 3, generator=g, dtype=DT)
+    kernel = nn.Parameter(torch.randn(C2, C, 3, 3, generator=g, dtype=DT))
+    plain = nn.Parameter(kernel.detach().clone())
+    kw = dict(lr=0.01, weight_decay=0.05, amsgrad=amsgrad)
+    ours = RepOptAdamW([kernel], **kw)
+    ours.attach_branch_scales({kernel: scales})
+    ref = torch.optim.AdamW([plain], foreach=False, **kw)
+    for _ in range(3):
+        grad = torch.randn(kernel.shape, generator=g, dtype=DT)
+        kernel.grad, plain.grad = grad.clone(), grad.clone()
+        ours.step()
+        ref.step()
+    assert set(ours.state[kernel]) == set(ref.state[plain])
+    for key, value in ref.state[plain].items():
+        assert torch.equal(ours.state[kernel][key], value), key
+    assert not torch.equal(kernel, plain)  # the kernel moved by its branches, not as plain
+
+
 def test_official_adamw_rule_is_exact_off_centre_and_off_at_mixed_sign_centres():
     """One step from equal states: the power-1 rule moves off-centre taps like the CSLA and
     centre taps (where branches with mixed signs overlap) differently."""
