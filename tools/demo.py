@@ -415,7 +415,14 @@ def parse_args():
         action='store_true',
         help="print the tools' output too (it always goes to the logs)",
     )
-    # the bars: what a model that learned nothing cannot reach (see docs/demo.md)
+    add_bar_arguments(parser)
+    args = parser.parse_args()
+    resolve_task(parser, args)
+    return args
+
+
+def add_bar_arguments(parser) -> None:
+    """The bars: what a model that learned nothing cannot reach (see docs/demo.md)."""
     parser.add_argument(
         '--min-map',
         type=float,
@@ -444,7 +451,10 @@ def parse_args():
         help='top-1 bar of classification and repopt in %%; chance is 33.3, '
         'the largest class 35 (default: %(default)s)',
     )
-    args = parser.parse_args()
+
+
+def resolve_task(parser, args) -> None:
+    """``args.task`` from --config alone; --smoke's task, epochs and bars."""
     if args.task is None:  # --config alone: the task whose config name starts the same
         prefix = osp.basename(args.config or '').split('_')[0]
         args.task = next(
@@ -469,83 +479,54 @@ def parse_args():
         for option, bar in smoke.bars.items():  # unless given on the command line
             if getattr(args, option) == parser.get_default(option):
                 setattr(args, option, bar)
-    return args
 
 
-def main():
-    args = parse_args()
-    sys.path.insert(0, ROOT)
+# the keys of a summary.json task entry, in the order of a summary table row
+SUMMARY_KEYS = ('task', 'backbone', 'metric', 'bar', 'trained', 'folded', 'minutes', 'result')
+
+
+def run_one(i: int, name: str, names: List[str], args) -> Tuple[list, list, Optional[tuple]]:
+    """Run task ``name`` (the ``i``-th of ``names``): its rows of the summary table, its
+    entries of summary.json, and (name, problems, per-class scores) if it failed."""
+    task = TASKS[name]
+    config = osp.abspath(args.config) if args.config else task.config
+    backbone = backbone_name(config)
+    print(f'[{i}/{len(names)}] {name}: {backbone}, {relative(config)}', flush=True)
+    step = Step(osp.join(args.work_dir, name), args.verbose)
+    start, cpu_start = time.time(), cpu_minutes()
+    details = []
+    try:
+        results = run_task(task, config, step, args)
+    except ToolFailed as err:  # the tool has said why; go on with the next task
+        results, problems = None, [str(err)]
+    else:
+        problems = check(task, results, args)
+        if any('did not learn' in p for p in problems):
+            details = per_class(results['trained'], osp.join(step.work_dir, 'test_trained.log'))
+    minutes, cpu = (time.time() - start) / 60, cpu_minutes() - cpu_start
+    rows, summary = [], []
+    for m in task.metrics:
+        values = [results[k][m.key] for k in ('trained', 'folded')] if results else [None] * 2
+        result = 'FAILED' if problems else 'ok'
+        rows.append(
+            (name, backbone, m.name, str(getattr(args, m.option)), *values, minutes, result)
+        )
+        summary.append(dict(zip(SUMMARY_KEYS, rows[-1]), cpu_minutes=cpu))
+    status = 'ok' if not problems else 'FAILED: ' + problems[0].splitlines()[0]
+    print(f'      {name}: {status} ({minutes:.1f} min)', flush=True)
+    return rows, summary, (name, problems, details) if problems else None
+
+
+def write_summary(args, names, rows, summary, failed, total: float, machine: dict) -> None:
+    """The summary table, and WORK_DIR/summary.json."""
     from mmrepa.utils.files import write_json
-    from mmrepa.utils.machine import finish, machine_info
-
-    names = list(TASKS) if args.task == 'all' else [args.task]
-    if args.data_only:
-        return data_only(names, args)
-    rows, failed, summary = [], [], []
-    machine = machine_info()
-    # the tools' threads, not this process's: OMP_NUM_THREADS, 1 unless set (Step.run)
-    machine['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS', '1')
-    machine['threads'] = int(machine['omp_num_threads'])
-    begin = time.time()
-    for i, name in enumerate(names, 1):
-        task = TASKS[name]
-        config = osp.abspath(args.config) if args.config else task.config
-        backbone = backbone_name(config)
-        print(f'[{i}/{len(names)}] {name}: {backbone}, {relative(config)}', flush=True)
-        step = Step(osp.join(args.work_dir, name), args.verbose)
-        start, cpu_start = time.time(), cpu_minutes()
-        details = []
-        try:
-            results = run_task(task, config, step, args)
-        except ToolFailed as err:  # the tool has said why; go on with the next task
-            results, problems = None, [str(err)]
-        else:
-            problems = check(task, results, args)
-            if any('did not learn' in p for p in problems):
-                details = per_class(results['trained'], osp.join(step.work_dir, 'test_trained.log'))
-        minutes, cpu = (time.time() - start) / 60, cpu_minutes() - cpu_start
-        for m in task.metrics:
-            values = [results[k][m.key] for k in ('trained', 'folded')] if results else [None] * 2
-            rows.append(
-                (
-                    name,
-                    backbone,
-                    m.name,
-                    str(getattr(args, m.option)),
-                    *values,
-                    minutes,
-                    'FAILED' if problems else 'ok',
-                )
-            )
-            summary.append(
-                dict(
-                    zip(
-                        (
-                            'task',
-                            'backbone',
-                            'metric',
-                            'bar',
-                            'trained',
-                            'folded',
-                            'minutes',
-                            'result',
-                        ),
-                        rows[-1],
-                    ),
-                    cpu_minutes=cpu,
-                )
-            )
-        status = 'ok' if not problems else 'FAILED: ' + problems[0].splitlines()[0]
-        print(f'      {name}: {status} ({minutes:.1f} min)', flush=True)
-        if problems:
-            failed.append((name, problems, details))
+    from mmrepa.utils.machine import finish
 
     header = ('task', 'backbone', 'metric', 'bar', 'as trained', 'folded', 'minutes', 'result')
     cells = [header] + [
         (t, b, m, bar, *('-' if v is None else f'{v:.3f}' for v in (x, y)), f'{mins:.1f}', res)
         for t, b, m, bar, x, y, mins, res in rows
     ]
-    total = (time.time() - begin) / 60
     print(
         f'\n===== demo summary: {len(names) - len(failed)} of {len(names)} tasks passed, '
         f'{total:.1f} min ({cpu_minutes():.1f} min of CPU time) ====='
@@ -564,6 +545,29 @@ def main():
         ),
         osp.join(args.work_dir, 'summary.json'),
     )
+
+
+def main():
+    args = parse_args()
+    sys.path.insert(0, ROOT)
+    from mmrepa.utils.machine import machine_info
+
+    names = list(TASKS) if args.task == 'all' else [args.task]
+    if args.data_only:
+        return data_only(names, args)
+    rows, failed, summary = [], [], []
+    machine = machine_info()
+    # the tools' threads, not this process's: OMP_NUM_THREADS, 1 unless set (Step.run)
+    machine['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS', '1')
+    machine['threads'] = int(machine['omp_num_threads'])
+    begin = time.time()
+    for i, name in enumerate(names, 1):
+        task_rows, task_summary, failure = run_one(i, name, names, args)
+        rows += task_rows
+        summary += task_summary
+        if failure:
+            failed.append(failure)
+    write_summary(args, names, rows, summary, failed, (time.time() - begin) / 60, machine)
     if failed:
         print()
         for name, problems, details in failed:
