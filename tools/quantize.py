@@ -43,6 +43,8 @@ import copy
 import os.path as osp
 import sys
 import tempfile
+from dataclasses import dataclass, field
+from typing import Any, List, Tuple
 
 import torch
 from mmengine.config import DictAction
@@ -141,6 +143,13 @@ def parse_args(argv=None):
         metavar=('H', 'W'),
         help="input shape to export for (default: the test pipeline's)",
     )
+    add_calibration_arguments(parser)
+    add_measurement_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def add_calibration_arguments(parser) -> None:
+    """How the INT8 graph is calibrated and quantized (onnxruntime; NNCF has its own)."""
     parser.add_argument('--calib-images', type=int, default=64, metavar='N')
     parser.add_argument(
         '--calib-split',
@@ -175,6 +184,10 @@ def parse_args(argv=None):
         metavar='OP',
         help='ONNX op types left in float (e.g. Softmax Add)',
     )
+
+
+def add_measurement_arguments(parser) -> None:
+    """What is measured and written."""
     parser.add_argument(
         '--sqnr-images',
         type=int,
@@ -198,7 +211,6 @@ def parse_args(argv=None):
     parser.add_argument('--force', action='store_true', help='replace --out if it exists')
     parser.add_argument('--dump', metavar='FILE.json', help='write all results as JSON')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    return parser.parse_args(argv)
 
 
 def is_single_stage_detector(model) -> bool:
@@ -298,13 +310,33 @@ def accuracy_control(model, cfg, args, threads: int):
     return list(metric_loader(cfg)), to_input, metric, args.max_drop
 
 
-@one_line_errors(TOOL)
-def main(argv=None) -> dict:
-    """Returns the results (as --dump writes them)."""
-    args = parse_args(argv)
+@dataclass
+class Job:
+    """What the steps of :func:`main` share: the arguments, the file to write and, as the steps
+    find them, the config, the model and the images."""
+
+    args: argparse.Namespace
+    out: str
+    ext: str
+    part: str
+    cfg: Any = None
+    model: Any = None
+    folded_modules: List[str] = field(default_factory=list)
+    calib: list = field(default_factory=list)
+    tests: list = field(default_factory=list)
+    shape: Tuple[int, ...] = ()
+    threads: int = 1
+
+    @property
+    def openvino(self) -> bool:
+        return self.args.backend == 'openvino'
+
+
+def plan(args) -> Job:
+    """The file to write, and the refusals that need nothing but the arguments."""
     part = 'full' if args.full else 'backbone'
     name = osp.splitext(osp.basename(args.config))[0]
-    needs, ext = BACKENDS[args.backend]
+    ext = BACKENDS[args.backend][1]
     out = args.out or f'{name}_{part}_{args.form}_int8{ext}'
     openvino = args.backend == 'openvino'
     if openvino and not out.endswith('.xml'):
@@ -316,14 +348,21 @@ def main(argv=None) -> dict:
             "--max-drop is NNCF's accuracy control on the test metric: it needs --backend "
             'openvino and the metric (drop --no-metric)'
         )
+    return Job(args, out, ext, part)
+
+
+def check_files(job: Job):
+    """Outputs that are no input and may be written, the backend installed, the config's
+    inputs there; returns the config."""
+    args = job.args
     # --force: --out (and its .bin); --dump is replaced
-    outputs = [('--out', out)]
-    if openvino:
-        outputs.append(('--out (its .bin)', osp.splitext(out)[0] + '.bin'))
+    outputs = [('--out', job.out)]
+    if job.openvino:
+        outputs.append(('--out (its .bin)', osp.splitext(job.out)[0] + '.bin'))
     outputs.append(('--dump', args.dump))
     check_outputs(TOOL, outputs, [('config', args.config), ('checkpoint', args.checkpoint)])
     check_outputs(TOOL, outputs[:-1], [], force=args.force)
-    require(*needs, tool=TOOL)
+    require(*BACKENDS[args.backend][0], tool=TOOL)
     cfg = load_config(args.config, args.cfg_options)
     splits = ('test',) if args.calib_split == 'test' else ('train', 'test')
     check_outputs(TOOL, outputs, config_inputs(cfg, splits))
@@ -333,26 +372,41 @@ def main(argv=None) -> dict:
         splits=splits,
         checkpoints=[('checkpoint to quantize', 'CHECKPOINT argument', args.checkpoint)],
     )
+    return cfg
 
-    model = init_model(cfg, args.checkpoint)
-    if args.full and not is_single_stage_detector(model):
+
+def load_model(job: Job) -> None:
+    """The model from the checkpoint, and the names of its foldable modules in the part."""
+    model = init_model(job.cfg, job.args.checkpoint)
+    if job.args.full and not is_single_stage_detector(model):
         raise ConfigError(
             f"--full quantizes a single-stage detector's tensor forward "
             f'(RetinaNet-style bbox_head); {type(model).__name__} is not one: '
             'drop --full to quantize its backbone'
         )
-    scope = model if args.full else model.backbone
-    folded_modules = [n for n, m in scope.named_modules() if n and is_foldable(m)]
-    forms = FORMS if args.report else (args.form,)
+    scope = model if job.args.full else model.backbone
+    job.model = model
+    job.folded_modules = [n for n, m in scope.named_modules() if n and is_foldable(m)]
 
-    calib = pipeline_inputs(cfg, model.data_preprocessor, args.calib_images, args.calib_split)
-    tests = pipeline_inputs(cfg, model.data_preprocessor, args.sqnr_images, 'test', seed=1)
-    # the graph is exported for --shape, else for the pipeline's shape; every calibration and
-    # test image must have it: checked before anything is exported or written
-    shape = (1, 3, *args.shape) if args.shape else tuple(calib[0][0].shape)
-    check_inputs_shape(calib, shape, f'{args.calib_split} calibration image')
-    check_inputs_shape(tests, shape, 'test image')
-    options = dict(
+
+def read_images(job: Job) -> None:
+    """Calibration and test images, all of the exported input's shape: checked before anything
+    is exported or written."""
+    args, cfg, preprocessor = job.args, job.cfg, job.model.data_preprocessor
+    job.calib = pipeline_inputs(cfg, preprocessor, args.calib_images, args.calib_split)
+    job.tests = pipeline_inputs(cfg, preprocessor, args.sqnr_images, 'test', seed=1)
+    # the graph is exported for --shape, else for the pipeline's shape
+    job.shape = (1, 3, *args.shape) if args.shape else tuple(job.calib[0][0].shape)
+    check_inputs_shape(job.calib, job.shape, f'{args.calib_split} calibration image')
+    check_inputs_shape(job.tests, job.shape, 'test image')
+
+
+def quantization_options(job: Job) -> dict:
+    """onnxruntime's options, or NNCF's (the onnxruntime ones do not apply to it)."""
+    args = job.args
+    if job.openvino:
+        return dict(tool='nncf', accuracy_control=args.max_drop is not None, max_drop=args.max_drop)
+    return dict(
         per_channel=not args.per_tensor,
         activation_type=args.activation_type,
         reduce_range=(
@@ -362,119 +416,166 @@ def main(argv=None) -> dict:
         symmetric_activations=args.symmetric_activations,
         exclude_op_types=list(args.exclude_ops),
     )
-    threads = torch.get_num_threads()
-    if openvino:  # the onnxruntime options do not apply; NNCF's own are these
-        options = dict(
-            tool='nncf', accuracy_control=args.max_drop is not None, max_drop=args.max_drop
-        )
-    result = dict(
+
+
+def describe(job: Job, options: dict) -> dict:
+    """The result's first entries: what is quantized, how, on what."""
+    args = job.args
+    return dict(
         config=args.config,
         checkpoint=args.checkpoint,
         backend=args.backend,
-        part=part,
+        part=job.part,
         form=args.form,
-        input_shape=list(shape),
-        out=out,
-        calibration_images=len(calib),
+        input_shape=list(job.shape),
+        out=job.out,
+        calibration_images=len(job.calib),
         calibration_split=args.calib_split,
-        sqnr_images=len(tests),
-        threads=threads,
+        sqnr_images=len(job.tests),
+        threads=job.threads,
         options=options,
         machine=machine_info(),
     )
-    x = export_input(calib, shape)
-    with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
-        paths, layers, targets = {}, {}, {}
-        for form in (args.form,) + tuple(f for f in forms if f != args.form):
-            with step(TOOL, f'exporting and quantizing the {form} {part}'):
-                targets[form] = build_form(model, form)
-                float_path = osp.join(tmp, f'{form}.onnx')
-                int8_path = out if form == args.form else osp.join(tmp, f'{form}_int8{ext}')
-                export_error = export(targets[form], args.full, x, float_path, form, args.backend)
-                if openvino:
-                    ranges = None  # NNCF keeps its ranges in the FakeQuantize nodes
-                    validation = None
-                    if args.max_drop is not None and form == args.form:
-                        validation = accuracy_control(targets[form], cfg, args, threads)
-                    save_ir(
-                        quantize_nncf(read_model(float_path), calib, validation=validation),
-                        int8_path,
-                    )
-                else:
-                    ranges = quantize_qdq(float_path, int8_path, calib, **options)
-            paths[form] = (float_path, int8_path)
-            result.setdefault('export_max_abs_error', {})[form] = export_error
-            if args.report:
-                layers[form] = weighted_layers(float_path, ranges)
-            if form == args.form:
-                print(
-                    f'wrote the INT8 {form} {part} ({args.method} calibration on '
-                    f'{len(calib)} {args.calib_split} images, input {shape}) to {out}',
-                    flush=True,
-                )
-        if openvino:
-            ops = op_counts(out)
-            result['int8_ops'] = dict(fake_quantize=ops.get('FakeQuantize', 0))
-        else:
-            result['qdq'] = qdq_summary(out)
-        sessions = {
-            k: open_session(p, args.backend, threads)
-            for k, p in zip(('float32', 'int8'), paths[args.form])
-        }
-        ref, q = (all_outputs(sessions[k], tests) for k in ('float32', 'int8'))
-        result['sqnr_db'] = sqnr_db(ref, q)
-        n_out = len(ref) // len(tests)
-        result['sqnr_db_per_output'] = [sqnr_db(ref[i::n_out], q[i::n_out]) for i in range(n_out)]
-        print(
-            f'SQNR of INT8 against float32 on {len(tests)} test images: '
-            f'{result["sqnr_db"]:.1f} dB (per output: '
-            f'{", ".join(f"{s:.1f}" for s in result["sqnr_db_per_output"])})',
-            flush=True,
-        )
 
-        if not args.no_metric:
-            with step(TOOL, 'testing the float32 and INT8 models on the test set'):
-                result['metric'] = {
-                    k: config_metric(SessionModel(targets[args.form], s, args.full), cfg)
-                    for k, s in sessions.items()
-                }
-            key = main_metric(result['metric']['float32'])
-            f32, i8 = result['metric']['float32'][key], result['metric']['int8'][key]
-            result.update(metric_key=key, metric_drop=f32 - i8)
-            print(f'{key}: float32 {f32:.4g}, INT8 {i8:.4g} (drop {f32 - i8:.4g})', flush=True)
 
-        if args.repeat > 0:
-            array = tests[0][0]
-            stats = time_interleaved(
-                {k: (lambda s=s: s.run(None, {'input': array})) for k, s in sessions.items()},
-                repeat=args.repeat,
-                warmup=args.warmup,
+def quantize_form(job: Job, form: str, x: torch.Tensor, tmp: str, options: dict):
+    """Export ``form`` to float32 ONNX in ``tmp`` and quantize it (to --out for --form);
+    returns (the model, float path, INT8 path, export error, calibration ranges or None)."""
+    args = job.args
+    target = build_form(job.model, form)
+    float_path = osp.join(tmp, f'{form}.onnx')
+    int8_path = job.out if form == args.form else osp.join(tmp, f'{form}_int8{job.ext}')
+    export_error = export(target, args.full, x, float_path, form, args.backend)
+    if not job.openvino:
+        ranges = quantize_qdq(float_path, int8_path, job.calib, **options)
+        return target, float_path, int8_path, export_error, ranges
+    validation = None
+    if args.max_drop is not None and form == args.form:
+        validation = accuracy_control(target, job.cfg, args, job.threads)
+    save_ir(quantize_nncf(read_model(float_path), job.calib, validation=validation), int8_path)
+    # NNCF keeps its ranges in the FakeQuantize nodes
+    return target, float_path, int8_path, export_error, None
+
+
+def quantize_forms(job: Job, x: torch.Tensor, tmp: str, options: dict, result: dict):
+    """--form first, then (--report) the other forms; returns ({form: (float path, INT8
+    path)}, {form: weighted layers} with --report, {form: model})."""
+    args = job.args
+    forms = FORMS if args.report else (args.form,)
+    paths, layers, targets = {}, {}, {}
+    for form in (args.form,) + tuple(f for f in forms if f != args.form):
+        with step(TOOL, f'exporting and quantizing the {form} {job.part}'):
+            targets[form], *two_paths, export_error, ranges = quantize_form(
+                job, form, x, tmp, options
             )
-            result['latency_ms'] = {
-                k: dict(median=v.median, min=v.min, max=v.max) for k, v in stats.items()
-            }
-            result['speedup'] = stats['float32'].median / stats['int8'].median
+        paths[form] = tuple(two_paths)
+        result.setdefault('export_max_abs_error', {})[form] = export_error
+        if args.report:
+            layers[form] = weighted_layers(two_paths[0], ranges)
+        if form == args.form:
             print(
-                f'{args.backend} latency ({threads} thread(s), median of {args.repeat}): '
-                f'float32 {stats["float32"].median:.2f} ms, INT8 '
-                f'{stats["int8"].median:.2f} ms, speed-up {result["speedup"]:.2f}x',
+                f'wrote the INT8 {form} {job.part} ({args.method} calibration on '
+                f'{len(job.calib)} {args.calib_split} images, input {job.shape}) to {job.out}',
                 flush=True,
             )
+    return paths, layers, targets
 
+
+def compare_outputs(job: Job, paths: dict, result: dict) -> dict:
+    """The INT8 file's quantized operations, and its SQNR against float32 on the test images;
+    returns the two sessions of --form."""
+    if job.openvino:
+        ops = op_counts(job.out)
+        result['int8_ops'] = dict(fake_quantize=ops.get('FakeQuantize', 0))
+    else:
+        result['qdq'] = qdq_summary(job.out)
+    sessions = {
+        k: open_session(p, job.args.backend, job.threads)
+        for k, p in zip(('float32', 'int8'), paths[job.args.form])
+    }
+    ref, q = (all_outputs(sessions[k], job.tests) for k in ('float32', 'int8'))
+    result['sqnr_db'] = sqnr_db(ref, q)
+    n_out = len(ref) // len(job.tests)
+    result['sqnr_db_per_output'] = [sqnr_db(ref[i::n_out], q[i::n_out]) for i in range(n_out)]
+    print(
+        f'SQNR of INT8 against float32 on {len(job.tests)} test images: '
+        f'{result["sqnr_db"]:.1f} dB (per output: '
+        f'{", ".join(f"{s:.1f}" for s in result["sqnr_db_per_output"])})',
+        flush=True,
+    )
+    return sessions
+
+
+def measure_metric(job: Job, target, sessions: dict, result: dict) -> None:
+    """The config's test metric with the float32 and the INT8 graph."""
+    with step(TOOL, 'testing the float32 and INT8 models on the test set'):
+        result['metric'] = {
+            k: config_metric(SessionModel(target, s, job.args.full), job.cfg)
+            for k, s in sessions.items()
+        }
+    key = main_metric(result['metric']['float32'])
+    f32, i8 = result['metric']['float32'][key], result['metric']['int8'][key]
+    result.update(metric_key=key, metric_drop=f32 - i8)
+    print(f'{key}: float32 {f32:.4g}, INT8 {i8:.4g} (drop {f32 - i8:.4g})', flush=True)
+
+
+def time_sessions(job: Job, sessions: dict, result: dict) -> None:
+    """float32 and INT8 latency in the backend, timed interleaved."""
+    args, array = job.args, job.tests[0][0]
+    stats = time_interleaved(
+        {k: (lambda s=s: s.run(None, {'input': array})) for k, s in sessions.items()},
+        repeat=args.repeat,
+        warmup=args.warmup,
+    )
+    result['latency_ms'] = {
+        k: dict(median=v.median, min=v.min, max=v.max) for k, v in stats.items()
+    }
+    result['speedup'] = stats['float32'].median / stats['int8'].median
+    print(
+        f'{args.backend} latency ({job.threads} thread(s), median of {args.repeat}): '
+        f'float32 {stats["float32"].median:.2f} ms, INT8 '
+        f'{stats["int8"].median:.2f} ms, speed-up {result["speedup"]:.2f}x',
+        flush=True,
+    )
+
+
+def report_forms(job: Job, paths: dict, layers: dict, result: dict) -> None:
+    """--report: every form's SQNR, and the ranges per module in each form."""
+    result['forms'] = {}
+    for form, (float_path, int8_path) in paths.items():
+        f_out = all_outputs(open_session(float_path, job.args.backend, job.threads), job.tests)
+        q_out = all_outputs(open_session(int8_path, job.args.backend, job.threads), job.tests)
+        result['forms'][form] = dict(sqnr_db=sqnr_db(f_out, q_out))
+    result['layers'] = layers
+    result['fold_ranges'] = fold_range_report(layers, job.folded_modules)
+    print(
+        'SQNR by form: ' + ', '.join(f'{f} {result["forms"][f]["sqnr_db"]:.1f} dB' for f in FORMS)
+    )
+    print('ranges per module, unfolded / folded / identity-apart (widest fold first):')
+    print_report(result['fold_ranges'], FORMS)
+
+
+@one_line_errors(TOOL)
+def main(argv=None) -> dict:
+    """Returns the results (as --dump writes them)."""
+    args = parse_args(argv)
+    job = plan(args)
+    job.cfg = check_files(job)
+    load_model(job)
+    read_images(job)
+    options = quantization_options(job)
+    job.threads = torch.get_num_threads()
+    result = describe(job, options)
+    x = export_input(job.calib, job.shape)
+    with tempfile.TemporaryDirectory(prefix='mmrepa.quantize.') as tmp:
+        paths, layers, targets = quantize_forms(job, x, tmp, options, result)
+        sessions = compare_outputs(job, paths, result)
+        if not args.no_metric:
+            measure_metric(job, targets[args.form], sessions, result)
+        if args.repeat > 0:
+            time_sessions(job, sessions, result)
         if args.report:
-            result['forms'] = {}
-            for form, (float_path, int8_path) in paths.items():
-                f_out = all_outputs(open_session(float_path, args.backend, threads), tests)
-                q_out = all_outputs(open_session(int8_path, args.backend, threads), tests)
-                result['forms'][form] = dict(sqnr_db=sqnr_db(f_out, q_out))
-            result['layers'] = layers
-            result['fold_ranges'] = fold_range_report(layers, folded_modules)
-            print(
-                'SQNR by form: '
-                + ', '.join(f'{f} {result["forms"][f]["sqnr_db"]:.1f} dB' for f in FORMS)
-            )
-            print('ranges per module, unfolded / folded / identity-apart (widest fold first):')
-            print_report(result['fold_ranges'], FORMS)
+            report_forms(job, paths, layers, result)
     finish(result['machine'])
     if args.dump:
         write_json(result, args.dump)
