@@ -218,6 +218,26 @@ class JoinedAttention(DiversityMixin, LambdaMixin, Reparameterizable, BaseModule
         out = F.scaled_dot_product_attention(q_wide, k_wide, v, attn_mask=mask, scale=1.0)
         return out.permute(0, 3, 1, 2, 4).reshape(B, N, n * H * dh)
 
+    def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
+        """Each branch's post-softmax attention on x (B, N, d): (B, H, n, N, N), written out
+        (for attention distillation; the forward never forms them). Folded: n = 1."""
+        B, N, _ = x.shape
+        H, n, dh = self.num_heads, self.num_branches, self.head_dim
+        if self.deploy:
+            q, k, _ = F.linear(x, self.qkv.weight, self.qkv.bias).view(B, N, 3, H, 1, -1).unbind(2)
+            q, k = q.permute(0, 2, 3, 1, 4), k.permute(0, 2, 3, 1, 4)  # (B, H, 1, N, w)
+            return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+        q, k, _ = self._branch_qkv(x)  # each (B, H, n, N, d_h)
+        lam = self.join_lambda.to(x.dtype)
+        if self.join == 'qkv':
+            q, k = ((1 - lam) * t + lam * t.sum(2, keepdim=True) for t in (q, k))
+            logits = q @ k.transpose(-1, -2) / ((1 + (n - 1) * lam * lam) * math.sqrt(dh))
+        else:
+            raw = q @ k.transpose(-1, -2)
+            mixed = (1 - lam) * raw + lam * raw.sum(2, keepdim=True)
+            logits = mixed / (torch.sqrt(1 + (n - 1) * lam * lam) * math.sqrt(dh))
+        return torch.softmax(logits, dim=-1)
+
     # -- folding
 
     def _folded_tensors(self, dtype: Optional[torch.dtype] = None):
