@@ -79,12 +79,19 @@ setup(
     python_requires='>=3.9',
     # What `import mmrepa` imports. tools/install_deps.sh installs the tested versions (mmcv
     # compiled against the installed torch) and then this package with --no-deps.
-    install_requires=['torch>=2.0', 'mmengine>=0.10,<1.0', 'mmcv>=2.0,<2.2', 'numpy', 'timm>=1.0'],
-    # The downstream libraries and runtimes, each imported only where it is used.
+    install_requires=['torch>=2.0', 'mmengine>=0.10,<1.0', 'mmcv>=2.0,<2.2', 'numpy'],
+    # Each imported only where it is used (tests/integration/test_requirements.py holds this
+    # list to the imports of mmrepa/). mmdeploy is not here: its protobuf pin breaks onnx, so
+    # tools/install_deps.sh installs it without dependencies (requirements/deploy.txt).
     extras_require={
+        # loading released checkpoints by timm's conversions (the MetaFormer releases' names,
+        # Swin position tables of another size)
+        'timm': ['timm>=1.0'],
         'mmdet': ['mmdet>=3.0,<4.0'],
-        'mmseg': ['mmsegmentation>=1.0,<2.0'],
-        'mmpretrain': ['mmpretrain>=1.0,<2.0'],
+        # mmseg 1.2.2 imports ftfy and regex without declaring them
+        'mmseg': ['mmsegmentation>=1.0,<2.0', 'ftfy', 'regex'],
+        # the token-labelling data set imports torchvision, which mmpretrain does not declare
+        'mmpretrain': ['mmpretrain>=1.0,<2.0', 'torchvision'],
         'onnx': ['onnx>=1.16', 'onnxruntime>=1.18'],
         'openvino': ['openvino>=2026.4', 'nncf>=3.4'],
     },
