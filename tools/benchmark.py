@@ -267,6 +267,25 @@ def run(args):
         scopes={},
     )
 
+    result['scopes']['backbone'] = time_backbone(model, folded, eager, shape, amp, args, device)
+    if compiled_backbones:
+        result['compile_seconds'] = {k: m.compile_seconds for k, m in compiled_backbones.items()}
+    if not args.backbone_only:
+        result['scopes']['test_step'] = time_test_step(
+            model, folded, eager, shape, amp, args, device
+        )
+    for scope in result['scopes'].values():
+        scope['speedup'] = scope['before']['median_ms'] / scope['after']['median_ms']
+        scope['latency_change_percent'] = 100.0 * (1 / scope['speedup'] - 1)
+        scope['gmacs_ratio'] = scope['gmacs_before'] / scope['gmacs_after']
+        scope['speedup_over_gmacs_ratio'] = scope['speedup'] / scope['gmacs_ratio']
+    finish(machine)
+    return result
+
+
+def time_backbone(model, folded, eager: dict, shape, amp, args, device) -> dict:
+    """The backbones before and after the fold (and in onnxruntime with --onnx) on a random
+    batch, with their sizes."""
     x = torch.randn(args.batch, 3, *shape, device=device)
     if args.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -288,8 +307,6 @@ def run(args):
                 eager['after'], x.contiguous(), osp.join(tmp, 'backbone.onnx')
             )
         scope = measure('backbone', variants, args.batch, args, device)
-    if compiled_backbones:
-        result['compile_seconds'] = {k: m.compile_seconds for k, m in compiled_backbones.items()}
     before, after = complexity(eager['before'], (one,)), complexity(eager['after'], (one,))
     scope.update(
         params_before=before['params'],
@@ -297,38 +314,33 @@ def run(args):
         gmacs_before=before['macs'] / 1e9,
         gmacs_after=after['macs'] / 1e9,
     )
-    result['scopes']['backbone'] = scope
+    return scope
 
-    if not args.backbone_only:
-        batch = pipeline_batch(cfg, shape)
-        with network_under_autocast((model, folded), amp):
-            scope = measure(
-                'test_step',
-                dict(before=lambda: model.test_step(batch), after=lambda: folded.test_step(batch)),
-                1,
-                args,
-                device,
-            )
-        data = model.data_preprocessor(copy.deepcopy(batch), False)
-        for m in (model, folded):  # mmengine's analysis traces the eager backbones
-            m.backbone = eager['before' if m is model else 'after']
-        before, after = model_complexity(model, data), model_complexity(folded, data)
-        scope.update(
-            params_before=before['params'],
-            params_after=after['params'],
-            gmacs_before=before['macs'] / 1e9,
-            gmacs_after=after['macs'] / 1e9,
-            input_shape=list(data['inputs'].shape),
+
+def time_test_step(model, folded, eager: dict, shape, amp, args, device) -> dict:
+    """The whole networks' test step before and after the fold on one pipeline batch, with
+    their sizes."""
+    batch = pipeline_batch(model.cfg, shape)
+    with network_under_autocast((model, folded), amp):
+        scope = measure(
+            'test_step',
+            dict(before=lambda: model.test_step(batch), after=lambda: folded.test_step(batch)),
+            1,
+            args,
+            device,
         )
-        result['scopes']['test_step'] = scope
-
-    for scope in result['scopes'].values():
-        scope['speedup'] = scope['before']['median_ms'] / scope['after']['median_ms']
-        scope['latency_change_percent'] = 100.0 * (1 / scope['speedup'] - 1)
-        scope['gmacs_ratio'] = scope['gmacs_before'] / scope['gmacs_after']
-        scope['speedup_over_gmacs_ratio'] = scope['speedup'] / scope['gmacs_ratio']
-    finish(machine)
-    return result
+    data = model.data_preprocessor(copy.deepcopy(batch), False)
+    for m in (model, folded):  # mmengine's analysis traces the eager backbones
+        m.backbone = eager['before' if m is model else 'after']
+    before, after = model_complexity(model, data), model_complexity(folded, data)
+    scope.update(
+        params_before=before['params'],
+        params_after=after['params'],
+        gmacs_before=before['macs'] / 1e9,
+        gmacs_after=after['macs'] / 1e9,
+        input_shape=list(data['inputs'].shape),
+    )
+    return scope
 
 
 def format_table(result):
