@@ -5,8 +5,8 @@
 Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included): the
 backbone alone on a 1 x 3 x H x W tensor, and the whole model's tensor forward on an H x W image
 sent through the config's test pipeline (which may resize it, as it does real images). A model
-whose joined branches are not joined yet (λ < 1, SPEC-depth §7) is counted folded as it will
-fold once joined: its structure does not depend on λ.
+whose joined branches are not joined yet (λ < 1, docs/backbones/depth_rep_vit.md) is counted
+folded as it will fold once joined: its structure does not depend on λ.
 ``--json`` also writes the exact counts (what ``tools/misc/gen_metafiles.py`` reads), atomically;
 it may not be an input (the config, the checkpoint) or a link to one.
 """
