@@ -230,7 +230,7 @@ class MLPMixer(DenseBackbone):
         self._setup_outputs(out_norm_cfg)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x: (B, in_channels, *img_size) -> per index in ``out_indices``: (B, C, H/p, W/p)."""
+        """x: ``(B, in_channels, *img_size)`` -> per index in ``out_indices``: (B, C, H/p, W/p)."""
         self._check_input(x, self.patch_size, f'smaller than the patch size {self.patch_size}')
         if tuple(x.shape[2:]) != self.img_size:
             raise InputError(

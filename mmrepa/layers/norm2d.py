@@ -27,7 +27,7 @@ class LayerNorm2d(nn.LayerNorm):
         eps (float): Added to the variance. Default: 1e-6.
         elementwise_affine (bool): Learn ``weight`` and ``bias``. Default: True.
 
-    Any (B, C, *spatial) input works; dimension 1 is normalized.
+    Any ``(B, C, *spatial)`` input works; dimension 1 is normalized.
     """
 
     _abbr_ = 'ln'  # mmcv names the layer ``ln`` inside a ConvModule (``neck.x.ln.weight``)

@@ -78,7 +78,7 @@ class FoldablePatchEmbed(NormFolding, PatchEmbed):
             Default: False.
         **kwargs: As :class:`~mmcv.cnn.bricks.transformer.PatchEmbed`.
 
-    Input (B, C_in, H, W); output ((B, H'*W', embed_dims), (H', W')).
+    Input (B, C_in, H, W); output ``((B, H'*W', embed_dims), (H', W'))``.
     """
 
     _target = 'projection'
