@@ -133,12 +133,8 @@ def spread(samples):
     return q1, q3
 
 
-def run(args):
-    torch.set_num_threads(args.threads)
-    flush = not args.keep_denormals and torch.set_flush_denormal(True)
-    MMLogger.get_current_instance().setLevel('WARNING')  # init_weights lists every tensor
-    x = torch.randn(1, 3, args.shape, args.shape)
-
+def build_all(args, x: torch.Tensor):
+    """Every model folded ({name: model}), with its sizes and fold error ({name: info})."""
     specs = {BASELINE: dict(num_branches=1)}
     for depth in DEPTHS:
         for join in JOINS:
@@ -169,6 +165,11 @@ def run(args):
             f'fold max |diff| {info[name]["fold_max_abs_diff"]:.1e}',
             flush=True,
         )
+    return models, info
+
+
+def time_all(args, models: dict, x: torch.Tensor):
+    """The models timed interleaved: (stats, machine, load averages before and after, seconds)."""
 
     def progress(done, total):
         if done % max(1, total // 10) == 0 or done == total:
@@ -187,7 +188,11 @@ def run(args):
     elapsed = time.perf_counter() - t0
     load_after = os.getloadavg()
     finish(machine)
+    return stats, machine, load_before, load_after, elapsed
 
+
+def compare(stats: dict, info: dict) -> dict:
+    """Per model: its latency, and its speed-up and MACs ratio against the 12 layers."""
     base = stats[BASELINE].median
     base_full, base_paper = info[BASELINE]['macs_full'], info[BASELINE]['macs_paper']
     results = {}
@@ -221,7 +226,17 @@ def run(args):
                 * (PAPER_PLAIN_MS[r['depth']] / PAPER_PLAIN_MS[12] - 1),
             )
         results[name] = r
+    return results
 
+
+def run(args):
+    torch.set_num_threads(args.threads)
+    flush = not args.keep_denormals and torch.set_flush_denormal(True)
+    MMLogger.get_current_instance().setLevel('WARNING')  # init_weights lists every tensor
+    x = torch.randn(1, 3, args.shape, args.shape)
+    models, info = build_all(args, x)
+    stats, machine, load_before, load_after, elapsed = time_all(args, models, x)
+    results = compare(stats, info)
     return dict(
         benchmark='depth_rep_vit_speed',
         command=shlex.join([osp.relpath(sys.executable), *sys.argv]),
