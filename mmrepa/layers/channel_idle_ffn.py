@@ -109,8 +109,9 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
     ``[P, L] = x @ [W_a, W_lin]`` (one GEMM of width ``a + C``), ``out = L + act(P) @ W_out``
     (one GEMM from the active slice): the idle channels, both BatchNorms, the layer and branch
     scales and the shortcut with its residual scale (``diag(r)``) fold into ``W_lin``. An
-    activation with an output affine (:class:`StarReLU`, ``s * relu(x)**2 + b``) folds ``s``
-    into ``W_out`` and ``b`` into the bias, and the folded FFN applies the bare activation.
+    activation with an output affine (:class:`~mmrepa.backbones.metaformer.StarReLU`,
+    ``s * relu(x)**2 + b``) folds ``s`` into ``W_out`` and ``b`` into the bias, and the folded
+    FFN applies the bare activation.
     With a LayerNorm
     pre-norm (``norm_cfg=dict(type='LN')``) the norm and the (scaled) shortcut stay and the rest
     folds.
