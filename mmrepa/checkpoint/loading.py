@@ -1,7 +1,7 @@
 """Loading pretrained weights into a backbone, with every key accounted for.
 
-``strict=False`` hides renamed keys and missing BatchNorm statistics (SPEC §5); these helpers
-report missing and unexpected keys by name and refuse to leave a core weight uninitialised.
+``strict=False`` hides renamed keys and missing BatchNorm statistics; these helpers report
+missing and unexpected keys by name and refuse to leave a core weight uninitialised.
 """
 
 import fnmatch
