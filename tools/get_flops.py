@@ -2,7 +2,8 @@
 
     python tools/get_flops.py CONFIG [--shape H W] [--checkpoint CKPT] [--json OUT.json]
 
-Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included): the
+Counts with mmengine's analysis (one multiply-accumulate = one MAC; attention included unless
+``--no-attention-matmuls``): the
 backbone alone on a 1 x 3 x H x W tensor, and the whole model's tensor forward on an H x W image
 sent through the config's test pipeline (which may resize it, as it does real images). A model
 whose joined branches are not joined yet (λ < 1, docs/backbones/depth_rep_vit.md) is counted
@@ -40,6 +41,11 @@ def parse_args(argv=None):
         '--json',
         metavar='OUT.json',
         help='also write the counts (parameters, MACs) to this JSON file',
+    )
+    parser.add_argument(
+        '--no-attention-matmuls',
+        action='store_true',
+        help="count softmax attention's QK^T and AV products as free (RePaFormer Table 1's way)",
     )
     parser.add_argument(
         '--seed',
@@ -85,12 +91,13 @@ def main(argv=None):
         for _, module in join_modules(folded):
             module.set_join_lambda(1.0)
     folded = mmrepa.reparameterize(folded)
+    attn = not args.no_attention_matmuls
     with torch.no_grad():
         data = model.data_preprocessor(pipeline_batch(model.cfg, shape), False)
         x = torch.randn(1, 3, *shape)
         rows = dict(
-            model=[model_complexity(m, data) for m in (model, folded)],
-            backbone=[complexity(m.backbone, (x,)) for m in (model, folded)],
+            model=[model_complexity(m, data, attn) for m in (model, folded)],
+            backbone=[complexity(m.backbone, (x,), attn) for m in (model, folded)],
         )
     print(
         f'{args.config}: backbone on 1x3x{shape[0]}x{shape[1]}; model on a {shape[0]}x'

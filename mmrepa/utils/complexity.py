@@ -2,6 +2,10 @@
 
 mmengine's ``FlopAnalyzer`` counts one fused multiply-add as one "flop", i.e. MACs. It has no
 handle for ``scaled_dot_product_attention``, so attention would count as free; we add one.
+Papers differ on whether softmax attention's products (QKᵀ and AV) count: RePaFormer's Table 1
+leaves them out for most rows, its Table 2 counts them (docs/backbones/repa_vit.md#folds).
+``attention_matmuls=False`` counts as the former: ``scaled_dot_product_attention`` as free.
+Matrix products written out (SLAB's linear attention, a random mixing) count either way.
 """
 
 from typing import Any, List
@@ -21,10 +25,17 @@ def sdpa_macs(inputs: List[Any], outputs: List[Any]) -> int:
     return batch * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
-def complexity(model: nn.Module, inputs) -> dict:
-    """``dict(params=..., macs=...)`` of ``model(*inputs)`` (MACs of one forward)."""
+def no_macs(inputs: List[Any], outputs: List[Any]) -> int:
+    """An operation counted as free (and not reported as unsupported)."""
+    return 0
+
+
+def complexity(model: nn.Module, inputs, attention_matmuls: bool = True) -> dict:
+    """``dict(params=..., macs=...)`` of ``model(*inputs)`` (MACs of one forward), with or
+    without softmax attention's QKᵀ and AV products."""
     analyzer = FlopAnalyzer(model, inputs)
-    analyzer.set_op_handle('aten::scaled_dot_product_attention', sdpa_macs)
+    handle = sdpa_macs if attention_matmuls else no_macs
+    analyzer.set_op_handle('aten::scaled_dot_product_attention', handle)
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(False)
     return dict(params=parameter_count(model)[''], macs=analyzer.total())
@@ -41,8 +52,9 @@ class _TensorForward(nn.Module):
         return self.model(inputs, self.data_samples, mode='tensor')
 
 
-def model_complexity(model: nn.Module, data: dict) -> dict:
+def model_complexity(model: nn.Module, data: dict, attention_matmuls: bool = True) -> dict:
     """:func:`complexity` of a detector's or segmentor's tensor forward on ``data`` (the
     output of its data preprocessor). The data samples go along: two-stage detectors need the
     image metas between the RPN and the RoI head."""
-    return complexity(_TensorForward(model, data['data_samples']), (data['inputs'],))
+    forward = _TensorForward(model, data['data_samples'])
+    return complexity(forward, (data['inputs'],), attention_matmuls)
