@@ -103,6 +103,11 @@ def test_entry_equals_a_fresh_get_flops_run(tmp_path):
     # the JSON is what the table printed
     model_line = next(ln for ln in log.splitlines() if ln.startswith('model'))
     assert float(model_line.split()[1]) == round(counts['model']['params_before'] / 1e6, 2)
+    # its paper gives GMACs: the entry also has the count without attention matmuls
+    without = str(tmp_path / 'without.json')
+    run_script_here('tools/get_flops.py', CHEAPEST, '--no-attention-matmuls', '--json', without)
+    with open(without) as f:
+        counts[gen.WITHOUT] = json.load(f)
     assert indexed_models()[gen.model_name(CHEAPEST)] == gen.model_entry(CHEAPEST, counts)
 
 

@@ -144,7 +144,14 @@ def load_paper_results(root: str = ROOT) -> dict:
     return entries
 
 
-PAPER_RESULTS = {name: e['Results'] for name, e in load_paper_results().items()}
+PAPER_RESULTS = {name: e['Results'] for name, e in load_paper_results().items() if 'Results' in e}
+# the papers' GMACs before / after folding, each saying whether it counts softmax attention's
+# QK^T and AV products (RePaFormer's Table 1 mostly does not, its Table 2 does for DeiT)
+PAPER_GMACS = {name: e['GMACs'] for name, e in load_paper_results().items() if 'GMACs' in e}
+# get_flops's counts without those products, for the configs with PAPER_GMACS: their JSON's
+# key in the counts of a config, and the name of their own JSON file
+WITHOUT = 'without_attention_matmuls'
+WITHOUT_SUFFIX = '.no-attention-matmuls.json'
 
 DATASETS = {
     'CocoDataset': 'COCO',
@@ -259,14 +266,15 @@ def describe(config: str, root: str = ROOT) -> dict:
     return dict(collection=family(model.backbone), metadata=meta, notes=notes)
 
 
-def run_get_flops(config: str, out: str, root: str = ROOT) -> float:
-    """``tools/get_flops.py CONFIG --json OUT`` in a subprocess; returns its wall time (s)."""
+def run_get_flops(config: str, out: str, root: str = ROOT, attention_matmuls=True) -> float:
+    """``tools/get_flops.py CONFIG --json OUT`` in a subprocess (with
+    ``--no-attention-matmuls`` unless ``attention_matmuls``); returns its wall time (s)."""
     from mmengine.config import Config
 
-    extra = []
+    extra = [] if attention_matmuls else ['--no-attention-matmuls']
     if isinstance(Config.fromfile(osp.join(root, config)).model.backbone.get('scales'), str):
         # RepOpt-VGG's Hyper-Search constants change no count, and are not published here
-        extra = ['--cfg-options', 'model.backbone.scales=None']
+        extra += ['--cfg-options', 'model.backbone.scales=None']
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, osp.join(root, 'tools', 'get_flops.py'), config, '--json', out, *extra],
@@ -300,14 +308,35 @@ def complexity_metadata(counts: dict) -> dict:
     }
 
 
+def convention_metadata(name: str, counts: dict) -> dict:
+    """For a config whose paper gives GMACs: get_flops's whole-model GMACs without softmax
+    attention's products (those above count them), and the paper's numbers with the convention
+    each follows."""
+    if name not in PAPER_GMACS:
+        return {}
+    if WITHOUT not in counts:
+        raise ValueError(f'{name}: no counts without attention matmuls: run without --reuse')
+    without = counts[WITHOUT]['model']
+    return {
+        'GMACs without attention matmuls': round(without['macs_before'] / 1e9, 2),
+        'GMACs (folded) without attention matmuls': round(without['macs_after'] / 1e9, 2),
+        'Paper GMACs': PAPER_GMACS[name],
+    }
+
+
 def model_entry(config: str, counts: dict, root: str = ROOT) -> dict:
-    """One ``Models`` entry of a metafile."""
+    """One ``Models`` entry of a metafile; ``counts`` is get_flops's JSON, with the JSON of
+    its run without attention matmuls under ``WITHOUT`` for a config in ``PAPER_GMACS``."""
     info = describe(config, root)
     entry = {
         'Name': model_name(config),
         'In Collection': info['collection'],
         'Config': config.replace(os.sep, '/'),
-        'Metadata': {**info['metadata'], **complexity_metadata(counts)},
+        'Metadata': {
+            **info['metadata'],
+            **complexity_metadata(counts),
+            **convention_metadata(model_name(config), counts),
+        },
     }
     if info['notes']:
         entry['Metadata']['Notes'] = info['notes']
@@ -344,7 +373,7 @@ def _dump(data: dict, path: str) -> None:
 def write_index(counts: dict, root: str = ROOT) -> list:
     """Write the metafiles and ``model-index.yml`` from ``{config: get_flops JSON}``; returns
     the files written (relative to ``root``)."""
-    unknown = set(PAPER_RESULTS) - {model_name(c) for c in counts}
+    unknown = (set(PAPER_RESULTS) | set(PAPER_GMACS)) - {model_name(c) for c in counts}
     if unknown:
         raise ValueError(f'{PAPER_RESULTS_FILE} names no config: {sorted(unknown)}')
     files = {}
@@ -389,28 +418,51 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def count_all(todo: list, json_dir: str, reuse: bool) -> None:
+    """get_flops's JSON for each config of ``todo`` (also without attention matmuls where the
+    paper gives GMACs) into ``json_dir``; with ``reuse``, only those missing there."""
+    for i, config in enumerate(todo, 1):
+        runs = [(json_path(json_dir, config), True)]
+        if model_name(config) in PAPER_GMACS:
+            runs.append((json_path(json_dir, config, WITHOUT_SUFFIX), False))
+        for out, attention in runs:
+            if reuse and osp.exists(out):
+                continue
+            seconds = run_get_flops(config, out, attention_matmuls=attention)
+            print(f'[{i}/{len(todo)}] {osp.basename(out)}: {seconds:.0f} s', flush=True)
+
+
+def json_path(json_dir: str, config: str, suffix: str = '.json') -> str:
+    return osp.join(json_dir, model_name(config) + suffix)
+
+
+def read_counts(configs: list, json_dir: str) -> dict:
+    """``{config: get_flops JSON}`` from ``json_dir``, the counts without attention matmuls
+    under ``WITHOUT``; exits naming the configs that have none."""
+    needed = [json_path(json_dir, c) for c in configs] + [
+        json_path(json_dir, c, WITHOUT_SUFFIX) for c in configs if model_name(c) in PAPER_GMACS
+    ]
+    missing = [osp.basename(path) for path in needed if not osp.exists(path)]
+    if missing:
+        sys.exit(f'no get_flops counts {missing}: run without --reuse')
+    counts = {}
+    for config in configs:
+        with open(json_path(json_dir, config)) as f:
+            counts[config] = json.load(f)
+        if model_name(config) in PAPER_GMACS:
+            with open(json_path(json_dir, config, WITHOUT_SUFFIX)) as f:
+                counts[config][WITHOUT] = json.load(f)
+    return counts
+
+
 def main(argv=None):
     args = parse_args(argv)
     configs = list_configs()
     todo = [osp.relpath(osp.abspath(c), ROOT) for c in args.configs] or configs
     os.makedirs(args.json_dir, exist_ok=True)
-
-    def json_of(config):
-        return osp.join(args.json_dir, model_name(config) + '.json')
-
     start = time.perf_counter()
-    for i, config in enumerate(todo, 1):
-        if args.reuse and not args.configs and osp.exists(json_of(config)):
-            continue
-        seconds = run_get_flops(config, json_of(config))
-        print(f'[{i}/{len(todo)}] {config}: {seconds:.0f} s', flush=True)
-    missing = [c for c in configs if not osp.exists(json_of(c))]
-    if missing:
-        sys.exit(f'no get_flops counts for {missing}: run without --reuse')
-    counts = {}
-    for config in configs:
-        with open(json_of(config)) as f:
-            counts[config] = json.load(f)
+    count_all(todo, args.json_dir, args.reuse and not args.configs)
+    counts = read_counts(configs, args.json_dir)
     for path in write_index(counts):
         print('wrote', path)
     print(f'{len(configs)} configs in {time.perf_counter() - start:.0f} s')
