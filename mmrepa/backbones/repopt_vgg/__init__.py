@@ -3,6 +3,6 @@
 model)."""
 
 from .backbone import RepOptVGG
-from .blocks import CSLAConvBN, RepOptConvBN, RepVGGConvBN
+from .blocks import CSLAConvBN, PostSE, RepOptConvBN, RepVGGConvBN
 
-__all__ = ['RepOptVGG', 'CSLAConvBN', 'RepOptConvBN', 'RepVGGConvBN']
+__all__ = ['RepOptVGG', 'CSLAConvBN', 'PostSE', 'RepOptConvBN', 'RepVGGConvBN']

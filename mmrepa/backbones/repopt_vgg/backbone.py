@@ -88,6 +88,11 @@ class RepOptVGG(DenseBackbone):
             ignored. Default: False.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=...)`` loads weights;
             without it, ``'target'`` applies the rule of initialization (from scratch only).
+        se (bool): A squeeze-and-excitation block after every layer's ReLU, the stem's
+            included (:class:`~mmrepa.backbones.repopt_vgg.blocks.PostSE`, width C // 4), in
+            every mode: RepOpt-VGG-L2‡ of the paper's Table 3. Its weights get no multiplier
+            and the fold keeps it as it is. The scales need no SE (the released code's
+            Hyper-Search model has none; L2‡ takes L2's). Default: False.
 
     Shapes: (B, in_channels, H, W) -> a tuple of (B, widths[i], H / 2^(i+2), W / 2^(i+2)).
     """
@@ -110,6 +115,7 @@ class RepOptVGG(DenseBackbone):
         with_cp: bool = False,
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
+        se: bool = False,
     ):
         super().__init__(init_cfg=init_cfg)
         if mode not in MODES:
@@ -122,13 +128,14 @@ class RepOptVGG(DenseBackbone):
             raise ConfigError(f'strides: 5 values of 1 or 2 (stem, stages 1-4), got {strides}')
         self.arch = resolve_arch(arch)
         self.mode, self.identity_init, self.kernel_init = mode, identity_init, kernel_init
+        self.se = se
         self.in_channels, self.with_cp = in_channels, with_cp
         self.num_features = list(self.arch['widths'])
         self._check_options(4, out_indices, frozen_stages, norm_eval, deploy)
 
         def layer(c_in, c_out, stride, depth):
             # depth: how many layers with an identity branch the stage has up to this one
-            kwargs = dict(deploy=deploy)
+            kwargs = dict(deploy=deploy, se=se)
             if mode in ('hs', 'csla', 'target'):
                 kwargs.update(init_scale=hyper_search_init(depth))
             if mode in ('hs', 'csla'):

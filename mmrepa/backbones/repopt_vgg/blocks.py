@@ -9,7 +9,9 @@
 - :class:`RepVGGConvBN`, the RepVGG baseline: 3x3-BN + 1x1-BN + BN(identity).
 
 All three fold (eval mode) into the same inference layer, ``ReLU(conv3x3 with bias)``, which
-``deploy=True`` builds directly. State-dict names are the official ones (``conv``, ``bn``,
+``deploy=True`` builds directly. With ``se=True`` every form ends in a squeeze-and-excitation
+block on that output (:class:`PostSE`, RepOpt-VGG-L2‡), which is not linear: the fold keeps it
+as it is. State-dict names are the official ones (``conv``, ``bn``,
 ``conv_1x1``, ``scale_{conv,1x1,identity}.weight``; RepVGG's ``rbr_*``), so released checkpoints
 and scale files load.
 """
@@ -66,10 +68,45 @@ class ChannelScale(nn.Module):
         return x * self.weight.view(1, -1, 1, 1)
 
 
+# SE width: channels // 4, as the released RepOptimizers code (SENet's own default is // 16)
+SE_REDUCTION = 4
+
+
+class PostSE(nn.Module):
+    """Squeeze-and-excitation after a layer's ReLU: ``x * sigmoid(up(relu(down(mean_hw(x)))))``,
+    ``down`` (C -> C // 4) and ``up`` (back to C) 1x1 convs with bias and torch's default init.
+
+    RepOpt-VGG-L2‡ "insert[s] SE Blocks after each 3x3 conv" (the RepOptimizers paper's §4.1,
+    Table 3); the released code puts the block on the layer's output after the ReLU, in all
+    three forms (not before it, as RepVGG's own SE variant does), and so does this one.
+
+    A local block, not an ecosystem one, because the backbone must build from the mmdet, mmseg
+    and mmpretrain scopes alike while mmrepa requires only mmcv, which has no SE block. The
+    others are optional and differ from the released block: mmpretrain's and mmdet's
+    ``SELayer`` re-initialize their ConvModules (Kaiming-normal, zero bias; mmpretrain also
+    rounds the width to a multiple of 8, as timm's ``SEModule`` does); torchvision's
+    ``SqueezeExcitation`` matches it but torchvision is no dependency of mmrepa. The fold
+    needs nothing of it (it has no fold method, so the walk leaves it alone). The released
+    names ``post_se.down`` / ``post_se.up`` load as they are.
+    """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        squeezed = max(channels // SE_REDUCTION, 1)
+        self.down = nn.Conv2d(channels, squeezed, 1, bias=True)
+        self.up = nn.Conv2d(squeezed, channels, 1, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.up(F.relu(self.down(x.mean((2, 3), keepdim=True))))
+        return x * torch.sigmoid(weight)
+
+
 class _RepOptLayer(Reparameterizable, BaseModule):
     """What the three forms share: sizes, the deployed form and the fold into it.
 
     Subclasses build their training form unless ``deploy`` and implement :meth:`_fused`.
+    ``se``: a :class:`PostSE` on the output (``post_se``), the same in every form, kept by the
+    fold.
     """
 
     def __init__(
@@ -79,6 +116,7 @@ class _RepOptLayer(Reparameterizable, BaseModule):
         stride: int = 1,
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
+        se: bool = False,
     ):
         super().__init__(init_cfg=init_cfg)
         if stride not in (1, 2):
@@ -88,6 +126,7 @@ class _RepOptLayer(Reparameterizable, BaseModule):
         self.has_identity = in_channels == out_channels and stride == 1
         self.deploy = deploy
         self.act = nn.ReLU()
+        self.post_se = PostSE(out_channels) if se else None
         if deploy:
             self.conv = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=True)
 
@@ -96,8 +135,12 @@ class _RepOptLayer(Reparameterizable, BaseModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.deploy:
-            return self.act(self.conv(x))
-        return self.act(self._forward_training(x))
+            return self.excite(self.act(self.conv(x)))
+        return self.excite(self.act(self._forward_training(x)))
+
+    def excite(self, y: torch.Tensor) -> torch.Tensor:
+        """The SE block on the layer's output after the ReLU, if there is one."""
+        return y if self.post_se is None else self.post_se(y)
 
     def _forward_training(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -123,7 +166,7 @@ class _RepOptLayer(Reparameterizable, BaseModule):
     def _apply_fold(self, tensors: dict, policy: FoldPolicy) -> None:
         like = next(self.parameters())
         for name in list(self._modules):
-            if name != 'act':
+            if name not in ('act', 'post_se'):  # SE is not linear: it stays as it is
                 delattr(self, name)
         for name in list(self._buffers):
             delattr(self, name)
@@ -152,6 +195,8 @@ class RepOptConvBN(_RepOptLayer):
         in_channels, out_channels (int): Channels. stride (int): 1 or 2 (padding 1).
         deploy (bool): Build the folded layer (conv with bias, ReLU). Default: False.
         init_scale (float): Initial s = t (:func:`hyper_search_init`). Default: 1.0.
+        se (bool): A :class:`PostSE` after the ReLU (no multiplier: not a branch). Default:
+            False.
 
     Shapes: (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride)).
     """
@@ -166,8 +211,9 @@ class RepOptConvBN(_RepOptLayer):
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
         init_scale: float = 1.0,
+        se: bool = False,
     ):
-        super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        super().__init__(in_channels, out_channels, stride, deploy, init_cfg, se)
         # True once the constants come from set_scales or a state dict; True on a kernel
         # loaded without them while they were still the initial ones
         self.constants_given, self.kernel_without_constants = False, False
@@ -285,6 +331,7 @@ class CSLAConvBN(_RepOptLayer):
         trainable_scales (bool): True: Hyper-Search, s, t and i are learned. False: the CSLA
             block a RepOptimizer emulates, s and t constant (i is trained). Default: True.
         deploy (bool): Build the folded layer. Default: False.
+        se (bool): A :class:`PostSE` after the ReLU. Default: False.
     """
 
     fold_state_keys = ('conv.bias', 'bn.running_mean')
@@ -298,8 +345,9 @@ class CSLAConvBN(_RepOptLayer):
         trainable_scales: bool = True,
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
+        se: bool = False,
     ):
-        super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        super().__init__(in_channels, out_channels, stride, deploy, init_cfg, se)
         if deploy:
             return
         self.conv = self.conv3x3()
@@ -346,7 +394,8 @@ class CSLAConvBN(_RepOptLayer):
 class RepVGGConvBN(_RepOptLayer):
     """RepVGG's training block, the structure RepOptimizers replace: ``ReLU(BN(conv3x3(x)) +
     BN(conv1x1(x)) + BN(x))`` (the identity BN only where in = out channels and stride 1).
-    Official names: ``rbr_dense.{conv,bn}``, ``rbr_1x1.{conv,bn}``, ``rbr_identity``."""
+    Official names: ``rbr_dense.{conv,bn}``, ``rbr_1x1.{conv,bn}``, ``rbr_identity``; ``se``
+    as :class:`RepOptConvBN`."""
 
     fold_state_keys = ('conv.bias', 'rbr_dense.conv.weight')
 
@@ -357,8 +406,9 @@ class RepVGGConvBN(_RepOptLayer):
         stride: int = 1,
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
+        se: bool = False,
     ):
-        super().__init__(in_channels, out_channels, stride, deploy, init_cfg)
+        super().__init__(in_channels, out_channels, stride, deploy, init_cfg, se)
         # the identity BN's scale, kept apart by FoldPolicy(identity_apart=True)
         self.register_buffer('identity_scale', None)
         if deploy:
@@ -375,7 +425,7 @@ class RepVGGConvBN(_RepOptLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.deploy and self.identity_scale is not None:
-            return self.act(self.conv(x) + x * self.identity_scale)
+            return self.excite(self.act(self.conv(x) + x * self.identity_scale))
         return super().forward(x)
 
     def _forward_training(self, x):

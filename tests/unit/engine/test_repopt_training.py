@@ -13,7 +13,7 @@ from mmengine.optim import build_optim_wrapper
 import mmrepa  # noqa: F401
 from mmrepa.backbones import RepOptVGG
 from tests.helpers import REPOPT_VGG_TINY as TINY
-from tests.helpers import csla_model_like, random_scales
+from tests.helpers import csla_model_like, random_scales, target_scales
 
 STEPS = 8
 
@@ -212,3 +212,83 @@ def test_constants_loaded_after_the_optimizer_is_built_are_the_ones_used():
         max_relative(train(target, wrapper, STEPS), train(csla, csla_wrapper(csla, **hyper), STEPS))
         < 1e-10
     )
+
+
+# -- with SE blocks (RepOpt-VGG-L2‡): the block sits after the BN and ReLU that end each CSLA
+# layer, downstream of the branch sum, so GR stays exact (the paper's Appendix A needs only the
+# branches linear); its weights train as any plain parameter, with no multiplier
+
+
+def se_twins(seed=3):
+    """:func:`twins` with an SE block after every layer, the same SE weights on both sides."""
+    target = RepOptVGG(TINY, out_indices=(3,), se=True).double()
+    target.load_scales(random_scales(target, seed=1))
+    target.reinitialize(torch.Generator().manual_seed(seed))
+    csla = RepOptVGG(TINY, mode='csla', se=True, scales=target_scales(target), out_indices=(3,))
+    plain = csla_model_like(target, seed)  # K0, P0 the target's rule of initialization drew
+    csla.load_state_dict(
+        {**plain.state_dict(), **{k: v for k, v in target.state_dict().items() if 'post_se' in k}}
+    )
+    torch.manual_seed(0)
+    a = Net(target).double()
+    b = Net(csla.double()).double()
+    b.fc.load_state_dict(a.fc.state_dict())
+    return a, b
+
+
+def assert_se_twins_trained_alike(target, csla):
+    for name, layer in csla.backbone.layers().items():
+        mine = target.backbone.layers()[name]
+        kernel = layer.equivalent_kernel().detach()
+        torch.testing.assert_close(
+            mine.conv.weight, kernel, rtol=0, atol=1e-10 * kernel.abs().max().item()
+        )
+        for p, q in zip(mine.post_se.parameters(), layer.post_se.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-10 * q.abs().max().item())
+
+
+@pytest.mark.parametrize('nesterov, dampening', [(True, 0.0), (False, 0.3)])
+def test_k_steps_of_repoptsgd_equal_the_csla_network_with_se_blocks(nesterov, dampening):
+    hyper = dict(lr=0.05, momentum=0.9, nesterov=nesterov, dampening=dampening, weight_decay=0.05)
+    target, csla = se_twins()
+    out_target = train(target, repopt_wrapper(target, **hyper), STEPS)
+    out_csla = train(csla, csla_wrapper(csla, **hyper), STEPS)
+    # the bound of test_k_steps_of_repoptsgd_equal_the_csla_network: 10^6·u64 of the scale
+    assert max_relative(out_target, out_csla) < 1e-10
+    assert_se_twins_trained_alike(target, csla)
+
+
+def test_k_steps_of_repoptadamw_equal_the_csla_network_with_se_blocks():
+    """The exact per-branch AdamW rule, with the SE weights stepped by plain AdamW on both."""
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    target, csla = se_twins()
+    repopt = build_optim_wrapper(
+        target,
+        dict(
+            constructor='RepOptOptimWrapperConstructor',
+            paramwise_cfg=PARAMWISE,
+            optimizer=dict(type='RepOptAdamW', **hyper),
+        ),
+    )
+    reference = build_optim_wrapper(
+        csla,
+        dict(
+            paramwise_cfg=dict(PARAMWISE, custom_keys={'scale_identity': dict(decay_mult=1.0)}),
+            optimizer=dict(type='AdamW', foreach=False, **hyper),
+        ),
+    )
+    out_target = train(target, repopt, STEPS, lr0=hyper['lr'])
+    out_csla = train(csla, reference, STEPS, lr0=hyper['lr'])
+    assert max_relative(out_target, out_csla) < 1e-10
+    assert_se_twins_trained_alike(target, csla)
+
+
+def test_the_deployed_model_of_a_trained_target_with_se_is_exact():
+    target, _ = se_twins()
+    train(target, repopt_wrapper(target, lr=0.05, momentum=0.9, weight_decay=1e-3), 3)
+    target.eval()
+    x = torch.randn(2, 3, 21, 17, dtype=torch.float64)
+    before = target(x)
+    folded = mmrepa.reparameterize(copy.deepcopy(target))
+    assert all(m.post_se is not None for m in folded.backbone.layers().values())
+    torch.testing.assert_close(folded(x), before, rtol=1e-12, atol=1e-12)
