@@ -3,7 +3,7 @@ in this process), ``integration`` under tests/integration (tools as a user runs 
 Runner, DDP, mmdeploy, the demo, the docs build). ``make test-fast`` runs the unit tier,
 ``make test`` both; ``-m unit`` / ``-m integration`` select a tier too. Across them, the tests
 marked ``cuda`` (``make test-cuda``) run on the GPU through the ``device`` fixture, and the run
-ends with a line that counts them apart. Shared functions are in helpers.py."""
+ends with a line that counts them apart. Shared functions are in the helpers/ package."""
 
 import collections
 import contextlib
