@@ -1,4 +1,4 @@
-# Hyper-Search for RepOpt-VGG-B1 on CIFAR-100 (RepOptimizers §4, Appendix B; SPEC-repopt §6.5):
+# Hyper-Search for RepOpt-VGG-B1 on CIFAR-100 (RepOptimizers §4, Appendix B):
 # the B1 network with trainable constants s, t, i on its 3x3, 1x1 and identity branches, all five
 # stride-2 layers kept at 32 x 32 (intended: stages 3-4 see 2x2 and 1x1 maps; the HS model only
 # reaches about 54.5 %, the scales are what matters). The ImageNet settings with 240 epochs:

@@ -1,6 +1,6 @@
-# ImageNet-1k as RepOptimizers' code trains it (SPEC-repopt §6.6): RandomResizedCrop 224, flip,
-# RandAugment at magnitude 15 (timm's rand-m15: 1.5x the level-10 ranges); testing: shorter side
-# resized to 224, centre crop 224, bilinear (no 256/224 ratio). 32 images per process.
+# ImageNet-1k as RepOptimizers' code trains it (docs/backbones/repopt_vgg.md): RandomResizedCrop
+# 224, flip, RandAugment at magnitude 15 (timm's rand-m15: 1.5x the level-10 ranges); testing:
+# shorter side resized to 224, centre crop 224, bilinear (no 256/224 ratio). 32 images per process.
 _base_ = 'mmpretrain::_base_/datasets/imagenet_bs32.py'
 
 train_pipeline = [

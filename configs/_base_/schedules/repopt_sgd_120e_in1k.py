@@ -1,9 +1,9 @@
-# RepOptimizers' ImageNet schedule (paper §5.1, SPEC-repopt §6.6): 120 epochs, global batch 256
-# (8 processes x 32), lr 0.1, 5 warm-up epochs from 0 then cosine to 0, label smoothing 0.1 (in
-# the head), SGD momentum 0.9 with weight decay 4e-5 on weights of two or more dimensions only;
-# Nesterov, as the official code. RepOptSGD multiplies each RepOpt kernel's gradient by its
-# Hyper-Search multiplier (never the weight decay). No gradient clipping (it would break the
-# equivalence with the multi-branch block; the constructor refuses it), no EMA.
+# RepOptimizers' ImageNet schedule (paper §5.1; docs/backbones/repopt_vgg.md, "Hyper-Search and
+# configs"): 120 epochs, global batch 256 (8 processes x 32), lr 0.1, 5 warm-up epochs from 0 then
+# cosine to 0, label smoothing 0.1 (in the head), SGD momentum 0.9 with weight decay 4e-5 on weights
+# of two or more dimensions only; Nesterov, as the official code. RepOptSGD multiplies each RepOpt
+# kernel's gradient by its Hyper-Search multiplier (never the weight decay). No gradient clipping
+# (it would break the equivalence with the multi-branch block; the constructor refuses it), no EMA.
 _base_ = [
     'mmpretrain::_base_/default_runtime.py',
     '../datasets/imagenet_repopt_224.py',
