@@ -26,8 +26,9 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
 
     An affine ``norm1`` (RepBN, PRepBN, BatchNorm) folds into the attention's ``qkv``
     (:meth:`reparameterize`); a LayerNorm stays. ``attn_type`` picks softmax window attention
-    (``'S'``) or simplified linear attention (``'L'``), see :class:`ShiftWindowMSA`;
-    ``deploy=True`` builds the folded structure.
+    (``'S'``) or simplified linear attention (``'L'``), and ``shift_small_maps`` what a map
+    no larger than the window gets, see :class:`ShiftWindowMSA`; ``deploy=True`` builds the
+    folded structure.
 
     Input and output (B, H*W, C) with ``hw_shape = (H, W)``.
     """
@@ -46,6 +47,7 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
         drop_path_rate: float = 0.0,
         norm_cfg: dict = dict(type='LN'),
         attn_type: str = 'S',
+        shift_small_maps: bool = True,
         with_cp: bool = False,
         deploy: bool = False,
         init_cfg: Optional[dict] = None,
@@ -69,6 +71,7 @@ class RePaSwinBlock(Reparameterizable, BaseModule):
             drop_path_rate=drop_path_rate,
             attn_type=attn_type,
             norm_folded=norm_folded,
+            shift_small_maps=shift_small_maps,
         )
         self.ffn = ChannelIdleFFN(
             embed_dims, drop_rate=drop_rate, drop_path_rate=drop_path_rate, **ffn_cfg
@@ -152,11 +155,11 @@ class RePaSwinStage(BaseModule):
 
     def shifted_window_mask(self, hw_shape: Tuple[int, int], device) -> Optional[torch.Tensor]:
         """The mask all shifted blocks share; kept for the next input of the same size."""
-        masked = [block.attn for block in self.blocks if block.attn.needs_mask]
+        masked = [block.attn for block in self.blocks if block.attn.masks(hw_shape)]
         if not masked:
             return None
         attn = masked[0]
-        key = (attn.padded_shape(hw_shape), attn.window_size, attn.shift_size, device)
+        key = (attn.padded_shape(hw_shape), *attn.window_and_shift(hw_shape), device)
         if self._mask_cache is None or self._mask_cache[0] != key:
             self._mask_cache = (key, shifted_window_mask(*key[0], *key[1:]))
         return self._mask_cache[1]
@@ -165,7 +168,7 @@ class RePaSwinStage(BaseModule):
         """Returns (next-stage input, its hw_shape, this stage's output, its hw_shape)."""
         mask = self.shifted_window_mask(hw_shape, x.device)
         for block in self.blocks:
-            x = block(x, hw_shape, mask if block.attn.needs_mask else None)
+            x = block(x, hw_shape, mask if block.attn.masks(hw_shape) else None)
         if self.downsample is None:
             return x, hw_shape, x, hw_shape
         x_down, down_shape = self.downsample(x, hw_shape)

@@ -1,4 +1,4 @@
-"""Swin checkpoints (mmdet, Microsoft Swin, RePaViT, mmrepa) in RePaSwin's names."""
+"""Swin checkpoints (mmdet, Microsoft Swin, timm, RePaViT, mmrepa) in RePaSwin's names."""
 
 import math
 import re
@@ -48,6 +48,32 @@ def _from_original_swin(state_dict: Dict[str, torch.Tensor], model: nn.Module) -
     return out
 
 
+_TIMM_DOWNSAMPLE = re.compile(r'layers\.(\d+)\.downsample\.')
+
+
+def _is_timm_layout(state_dict: Dict[str, torch.Tensor]) -> bool:
+    """timm merges patches at the start of stages 1.. (``layers.0.downsample`` is an
+    Identity); the release, at the end of stages ..n-2 (``layers.0.downsample`` exists)."""
+    stages = {int(m.group(1)) for m in map(_TIMM_DOWNSAMPLE.match, state_dict) if m}
+    return bool(stages) and 0 not in stages
+
+
+def _from_timm_swin(state_dict: Dict[str, torch.Tensor]) -> dict:
+    """timm's Swin layout -> the Microsoft release's: ``layers.{i}.downsample`` (the merging
+    into stage i) is ``layers.{i-1}.downsample``; the classifier ``head.fc`` is ``head``. The
+    other names (``patch_embed.proj``, ``blocks.{j}.attn.qkv``, ``mlp.fc1``, ``norm``) are the
+    release's; index and mask buffers are dropped later."""
+    out = {}
+    for k, v in state_dict.items():
+        m = _TIMM_DOWNSAMPLE.match(k)
+        if m:
+            k = f'layers.{int(m.group(1)) - 1}.downsample.{k[m.end() :]}'
+        elif k.startswith('head.fc.'):
+            k = 'head.' + k[len('head.fc.') :]
+        out[k] = v
+    return out
+
+
 # Swin's pre-FFN norm is the block's norm2; in RePaSwin the FFN owns it as ffn.norm1.
 _BLOCK_NORM2 = re.compile(r'(\.blocks\.\d+)\.norm2\.')
 
@@ -57,11 +83,19 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: nn.Module) 
 
     Understands: mmrepa's own layout (folded or not); mmdet ``SwinTransformer`` backbones
     (``ffn.layers.0.0`` etc.), also inside a whole detector (``backbone.*``); Microsoft Swin
-    classification checkpoints (``layers.*``, ``mlp.*``, concat-order patch merging); RePaViT
-    classification checkpoints (``layers.{i}.blocks.{j}.mlp.{norm1,norm2,fc1,fc2}``).
-    Relative position bias tables of another window size are resized (bicubic).
+    classification checkpoints (``layers.*``, ``mlp.*``, concat-order patch merging); timm's
+    Swin (the release's names with the patch merging at the start of the next stage,
+    ``head.fc``); RePaViT classification checkpoints
+    (``layers.{i}.blocks.{j}.mlp.{norm1,norm2,fc1,fc2}``). Relative position bias tables of
+    another window size are resized (bicubic).
+
+    The classification releases (Microsoft's, timm's, RePaViT's) compute what their authors'
+    code computes at 224 px in a model built with ``shift_small_maps=False``, as the ImageNet
+    configs build it (docs/backbones/repa_swin.md#pretrained-weights).
     """
     state_dict = strip_prefixes(state_dict)
+    if _is_timm_layout(state_dict):
+        state_dict = _from_timm_swin(state_dict)
     if any(k.startswith('layers.') for k in state_dict):
         state_dict = _from_original_swin(state_dict, model)
     out = {}

@@ -121,6 +121,14 @@ class RePaSwin(DenseBackbone):
         in_channels (int): Input image channels. Default: 3.
         patch_size (int): Patch embedding size and stride. Default: 4.
         window_size (int): Attention window side. Default: 7.
+        shift_small_maps (bool): How a stage attends a map no larger than its window
+            (``min(H, W) <= window_size``: the 7x7 last stage at 224 px), decided per input
+            from the map's size. True: mmdet's Swin, the map padded to the window and the odd
+            blocks shifted with a mask (detection and segmentation configs). False: the
+            released Swin (Microsoft's, timm's; the ImageNet configs), one window of side
+            ``min(H, W)`` and no shift; the relative position bias of a window clamped so is
+            read from the centre of the table of ``window_size``. Maps larger than the window
+            are the same either way. Default: True.
         mlp_ratio (float): FFN hidden width / embed_dims. Default: 4.
         idle_ratio (float | Sequence[float]): Fraction of FFN hidden channels left linear, in
             [0, 1], one value or one per stage. Default: 0.75.
@@ -172,6 +180,7 @@ class RePaSwin(DenseBackbone):
         in_channels: int = 3,
         patch_size: int = 4,
         window_size: int = 7,
+        shift_small_maps: bool = True,
         mlp_ratio: float = 4.0,
         idle_ratio: Union[float, Sequence[float]] = 0.75,
         ffn_norm: str = 'BN',
@@ -223,6 +232,7 @@ class RePaSwin(DenseBackbone):
             drop_rate=drop_rate,
             attn_drop_rate=attn_drop_rate,
             norm_cfg=norm_cfg,
+            shift_small_maps=shift_small_maps,
             with_cp=with_cp,
             deploy=deploy,
         )

@@ -79,6 +79,16 @@ def shifted_window_mask(
     return torch.zeros_like(diff).masked_fill_(diff != 0, -100.0)
 
 
+def relative_position_index(hw_shape: Tuple[int, int], window_size: int) -> torch.Tensor:
+    """(N, N) rows of the (2 * window_size - 1)² relative position table for the tokens of an
+    (h, w) window, h, w <= window_size: offset (dy, dx) is row (dy + ws - 1) (2 ws - 1) +
+    (dx + ws - 1), as Swin's index for h = w = window_size."""
+    h, w = hw_shape
+    coords = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing='ij')).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]) + (window_size - 1)  # 2, N, N
+    return rel[0] * (2 * window_size - 1) + rel[1]
+
+
 class WindowMSA(BaseModule):
     """Multi-head self-attention inside windows, with a learned relative position bias.
 
@@ -119,14 +129,13 @@ class WindowMSA(BaseModule):
         self.relative_position_bias_table = nn.Parameter(
             torch.zeros((2 * window_size - 1) ** 2, num_heads)
         )
-        coords = torch.stack(
-            torch.meshgrid(torch.arange(window_size), torch.arange(window_size), indexing='ij')
-        ).flatten(1)
-        rel = (coords[:, :, None] - coords[:, None, :]) + (window_size - 1)  # 2, N, N
         # Derived from window_size, so not part of the state dict.
         self.register_buffer(
-            'relative_position_index', rel[0] * (2 * window_size - 1) + rel[1], persistent=False
+            'relative_position_index',
+            relative_position_index((window_size, window_size), window_size),
+            persistent=False,
         )
+        self._clamped_index = None  # (window (h, w), its index) of the last clamped window
         self.qkv = nn.Linear(embed_dims, embed_dims * 3, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
         self.proj_drop = nn.Dropout(proj_drop_rate)
@@ -135,16 +144,32 @@ class WindowMSA(BaseModule):
         super().init_weights()
         trunc_normal_(self.relative_position_bias_table, std=0.02)
 
-    def relative_position_bias(self) -> torch.Tensor:
-        """(num_heads, N, N)."""
-        return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)
+    def relative_position_bias(self, hw_shape: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """(num_heads, N, N) for the window, or for a smaller ``hw_shape`` window (a map that
+        is smaller than the window, attended whole): each pair of tokens reads the entry of
+        its relative offset, so the table's central (2h - 1) x (2w - 1) entries."""
+        index = self.relative_position_index
+        if hw_shape is not None and tuple(hw_shape) != (self.window_size,) * 2:
+            cached = self._clamped_index
+            if cached is None or cached[0] != tuple(hw_shape) or cached[1].device != index.device:
+                sub = relative_position_index(hw_shape, self.window_size).to(index.device)
+                self._clamped_index = cached = (tuple(hw_shape), sub)
+            index = cached[1]
+        return self.relative_position_bias_table[index].permute(2, 0, 1)
 
-    def attend(self, qkv: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """qkv (B * nW, N, 3C) -> attention output (B * nW, N, C), before ``proj``."""
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        hw_shape: Optional[Tuple[int, int]] = None,
+    ) -> torch.Tensor:
+        """qkv (B * nW, N, 3C) -> attention output (B * nW, N, C), before ``proj``.
+        ``hw_shape``: the window's (h, w) when it is smaller than ``window_size`` (a clamped
+        window, see :meth:`relative_position_bias`)."""
         BnW, N, C = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         qkv = qkv.view(BnW, N, 3, self.num_heads, C // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each B*nW, heads, N, d
-        bias = self.relative_position_bias().unsqueeze(0)  # 1, heads, N, N
+        bias = self.relative_position_bias(hw_shape).unsqueeze(0)  # 1, heads, N, N
         if mask is not None:
             # Batch-major windows: window w of image b is row b * nW + w. A 4-D mask keeps
             # SDPA on its fused CPU kernel (2.5x faster than the 5-D broadcast); for one image
@@ -187,6 +212,11 @@ class ShiftWindowMSA(BaseModule):
         norm_folded (bool): Build the structure ``RePaSwinBlock``'s fold of its norm leaves
             (a ``qkv`` bias and the ``padded_qkv`` buffer), to load folded checkpoints.
             Default: False.
+        shift_small_maps (bool): What a map no larger than the window (``min(H, W) <=
+            window_size``, decided per input) gets. True: padded to the window and shifted
+            with the mask, as mmdet's Swin. False: one window of side ``min(H, W)`` and no
+            shift, as the released Swin (Microsoft's; timm's on square maps), see
+            :meth:`window_and_shift`. Default: True.
 
     Input (B, H*W, C) with ``hw_shape = (H, W)``; output (B, H*W, C).
     """
@@ -204,6 +234,7 @@ class ShiftWindowMSA(BaseModule):
         drop_path_rate: float = 0.0,
         attn_type: str = 'S',
         norm_folded: bool = False,
+        shift_small_maps: bool = True,
         init_cfg: Optional[dict] = None,
     ):
         super().__init__(init_cfg=init_cfg)
@@ -213,6 +244,7 @@ class ShiftWindowMSA(BaseModule):
             )
         self.window_size = window_size
         self.shift_size = shift_size
+        self.shift_small_maps = shift_small_maps
         qkv_bias = qkv_bias or norm_folded
         if attn_type == 'S':
             self.w_msa = WindowMSA(
@@ -234,13 +266,27 @@ class ShiftWindowMSA(BaseModule):
         self._layout_cache = None
         self.drop = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
+    def window_and_shift(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
+        """The window side and shift on an (H, W) map. With ``shift_small_maps=False`` a map
+        with ``min(H, W) <= window_size`` is split in windows of side ``min(H, W)`` (padding
+        the longer side, as any map) and not shifted: the released Swin's rule (timm decides
+        each side apart, which differs on non-square maps only)."""
+        side = min(hw_shape)
+        if self.shift_small_maps or side > self.window_size:
+            return self.window_size, self.shift_size
+        return side, 0
+
     def padded_shape(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
-        return padded_size(hw_shape, self.window_size)
+        return padded_size(hw_shape, self.window_and_shift(hw_shape)[0])
 
     @property
     def needs_mask(self) -> bool:
-        """Whether :meth:`forward` uses a shifted-window mask."""
+        """Whether :meth:`forward` uses a shifted-window mask on maps larger than the window."""
         return bool(self.shift_size) and self.w_msa.uses_mask
+
+    def masks(self, hw_shape: Tuple[int, int]) -> bool:
+        """Whether :meth:`forward` uses a shifted-window mask on an (H, W) map."""
+        return bool(self.window_and_shift(hw_shape)[1]) and self.w_msa.uses_mask
 
     def forward(
         self, x: torch.Tensor, hw_shape: Tuple[int, int], mask: Optional[torch.Tensor] = None
@@ -248,9 +294,9 @@ class ShiftWindowMSA(BaseModule):
         """``mask``: the shifted-window mask for the padded shape (computed here if None)."""
         B, L, C = x.shape
         H, W = hw_shape
-        Hp, Wp = self.padded_shape(hw_shape)
-        ws, shift = self.window_size, self.shift_size
-        if not self.needs_mask:
+        ws, shift = self.window_and_shift(hw_shape)
+        Hp, Wp = padded_size(hw_shape, ws)
+        if not self.masks(hw_shape):
             mask = None
         elif mask is None:
             mask = shifted_window_mask(Hp, Wp, ws, shift, x.device)
@@ -258,7 +304,7 @@ class ShiftWindowMSA(BaseModule):
         if plain:
             windows = window_partition(x.view(B, H, W, C), ws)
         else:
-            layout = self._layout(hw_shape, x.device)
+            layout = self._layout(hw_shape, ws, shift, x.device)
             windows = x.index_select(1, layout.gather)
             if len(layout.padded):  # zero tokens, as mmdet pads; no padded copy of the map
                 windows[:, layout.padded] = 0
@@ -266,7 +312,9 @@ class ShiftWindowMSA(BaseModule):
         qkv = self.w_msa.qkv(windows)  # B*nW, N, 3C
         if self.padded_qkv is not None and not plain and len(layout.padded):
             qkv = self._write_padded_qkv(qkv.view(B, -1, 3 * C), layout.padded).view(qkv.shape)
-        x = self.w_msa.proj_drop(self.w_msa.proj(self.w_msa.attend(qkv, mask)))
+        # a clamped window: the attention's bias (or linear positional encoding) for its size
+        clamped = {} if ws == self.window_size else dict(hw_shape=(ws, ws))
+        x = self.w_msa.proj_drop(self.w_msa.proj(self.w_msa.attend(qkv, mask, **clamped)))
         if plain:
             x = window_reverse(x, ws, H, W).reshape(B, L, C)
         else:
@@ -281,12 +329,9 @@ class ShiftWindowMSA(BaseModule):
         qkv[:, padded] = value
         return qkv
 
-    def _layout(self, hw_shape: Tuple[int, int], device) -> WindowLayout:
-        key = (tuple(hw_shape), device)
+    def _layout(self, hw_shape: Tuple[int, int], ws: int, shift: int, device) -> WindowLayout:
+        key = (tuple(hw_shape), ws, shift, device)
         if self._layout_cache is None or self._layout_cache[0] != key:
             # the same size usually comes again (a video, a benchmark, a test set of one size)
-            self._layout_cache = (
-                key,
-                window_layout(*hw_shape, self.window_size, self.shift_size, device),
-            )
+            self._layout_cache = (key, window_layout(*hw_shape, ws, shift, device))
         return self._layout_cache[1]
