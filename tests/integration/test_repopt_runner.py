@@ -179,3 +179,45 @@ def test_load_from_is_not_reinitialized(setup, tmp_path):
     )
     for k, v in trained.items():
         assert torch.equal(seen[k], v), k
+
+
+def test_a_target_with_se_blocks_starts_from_the_rule_and_resumes_exactly(
+    setup, tmp_path, monkeypatch
+):
+    """RepOpt-VGG-L2‡'s route (``se=True``): the rule of initialization sets the kernels as
+    without SE blocks (drawing the same random numbers) and leaves the SE weights to their
+    construction; they train with the kernels; resume is bit-exact."""
+    from mmrepa.backbones import RepOptVGG
+
+    def se_config(work_dir, **extra):
+        cfg = config(setup, work_dir, **extra)
+        cfg.merge_from_dict({'model.backbone.se': True})
+        return cfg
+
+    rng, built = [], []
+    init_weights = RepOptVGG.init_weights
+
+    def record(self):
+        rng.append(torch.get_rng_state())
+        built.append({k: v.clone() for k, v in self.state_dict().items() if 'post_se' in k})
+        return init_weights(self)
+
+    monkeypatch.setattr(RepOptVGG, 'init_weights', record)
+    model, first = train(se_config(tmp_path / 'full'))
+    monkeypatch.undo()
+    gamma3 = 3 * 2.0**-24 / (1 - 3 * 2.0**-24)  # as in the test above
+    for name, (w, size) in csla_start(first, rng[0]).items():
+        error = (first[f'backbone.{name}.conv.weight'].double() - w).abs()
+        assert (error <= gamma3 * size).all(), f'{name}: not the CSLA-equivalent start'
+    assert built[0], 'no SE block was built'
+    full = state(model)
+    for k, v in built[0].items():
+        assert torch.equal(first[f'backbone.{k}'], v), k  # init_weights left them alone
+        if k.endswith('up.bias'):  # always reached by the gradient (tiny `down`s may be dead)
+            assert not torch.equal(full[f'backbone.{k}'], v), k  # and they trained
+    model2, seen = train(
+        se_config(tmp_path / 'again', resume=True, load_from=str(tmp_path / 'full' / 'iter_2.pth'))
+    )
+    assert int(seen['backbone.stage1.0.bn.num_batches_tracked']) == 2
+    for k, v in full.items():
+        assert torch.equal(state(model2)[k], v), k
