@@ -5,9 +5,17 @@
 _base_ = ['../_base_/models/in1k_classifier.py', '../_base_/schedules/repaformer_lamb_in1k.py']
 
 lr, min_lr = 0.004, 2e-05
+# shift_small_maps=False: the 7x7 last stage at 224 px is one window without shift, as the
+# released Swin computes it (the detection configs keep mmdet's shift, see
+# docs/backbones/repa_swin.md#swin-as-released).
 model = dict(
     backbone=dict(
-        type='RePaSwin', arch='base', idle_ratio=0.75, ffn_norm='BN', drop_path_rate=0.08
+        type='RePaSwin',
+        arch='base',
+        idle_ratio=0.75,
+        ffn_norm='BN',
+        drop_path_rate=0.08,
+        shift_small_maps=False,
     ),
     head=dict(in_channels=1024),
 )

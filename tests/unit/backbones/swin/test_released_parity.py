@@ -4,13 +4,17 @@ timm's models get random weights and are copied in through RePaSwin's own conver
 timm's layout and from the Microsoft release's; float64, so any difference is a real one.
 """
 
+import copy
+import glob
+import os.path as osp
 import re
 
 import pytest
 import torch
 
+from mmrepa import reparameterize
 from mmrepa.backbones import PRepBNSwin, RePaSwin
-from tests.helpers import max_abs_diff
+from tests.helpers import ROOT, TINY_ARCH, max_abs_diff, randomize_
 
 timm = pytest.importorskip('timm')
 
@@ -160,3 +164,42 @@ def test_both_behaviours_agree_where_every_map_is_larger_than_the_window(tmp_pat
         a = ours_from(tmp_path, ref.state_dict(), SMALL)(x)
         b = ours_from(tmp_path, ref.state_dict(), SMALL, shift_small_maps=False)(x)
     assert (max_abs_diff(a, b) <= 1e-12) == (hw == (256, 256))
+
+
+@pytest.mark.parametrize('cls', [RePaSwin, PRepBNSwin])
+def test_fold_is_exact_on_clamped_and_padded_windows(cls):
+    """At 75x101 the maps are 19x26, 10x13, 5x7, 3x4: with linear windows (20, 6) stage 1's
+    linear attention runs on one clamped 19x19 window (its positional encoding resized) and
+    stages 3-4 on clamped 5x5 and 3x3 windows, the longer side padded (where a folded norm's
+    padded tokens keep the pre-fold qkv)."""
+    kw = dict(idle_ratio=0.75) if cls is RePaSwin else {}
+    model = cls(
+        arch=TINY_ARCH,
+        attn_types='LLSS',
+        linear_window_sizes=(20, 6, 5, 3),
+        drop_path_rate=0.0,
+        shift_small_maps=False,
+        **kw,
+    )
+    model = randomize_(model).double().eval()
+    assert model.stages[0].blocks[1].attn.window_and_shift((19, 26)) == (19, 0)
+    assert model.stages[2].blocks[1].attn.window_and_shift((5, 7)) == (5, 0)
+    x = torch.randn(2, 3, 75, 101, dtype=torch.float64)
+    with torch.no_grad():
+        ref = model(x)
+        folded = reparameterize(copy.deepcopy(model))
+        assert max_abs_diff(folded(x), ref) <= 1e-10
+
+
+def test_imagenet_configs_compute_the_released_swin_and_detection_keeps_mmdet_s():
+    from mmengine.config import Config
+
+    for path in glob.glob(osp.join(ROOT, 'configs', '*_swin', '*_in1k.py')):
+        assert Config.fromfile(path).model.backbone.shift_small_maps is False, path
+    # detection and segmentation (parsing them all takes seconds): the default, mmdet's Swin
+    others = glob.glob(osp.join(ROOT, 'configs', '*_swin', '*.py'))
+    others += glob.glob(osp.join(ROOT, 'configs', '_base_', 'models', '*_swin.py'))
+    for path in others:
+        if not path.endswith('_in1k.py'):
+            with open(path) as f:
+                assert 'shift_small_maps' not in f.read(), path
