@@ -48,10 +48,13 @@ class PRepBNSwin(PRepBNBackbone, RePaSwin):
         **kwargs: Every other :class:`RePaSwin` argument (``attn_types``,
             ``linear_window_sizes``, ``drop_path_rate``, ``out_indices``, ``frozen_stages``,
             ``norm_eval``, ``with_cp``, ``deploy``, mmdet's Swin arguments, ...). ``norm_eval``
-            freezes the BatchNorm statistics inside the PRepBNs.
+            freezes the BatchNorm statistics inside the PRepBNs. ``shift_small_maps=False``
+            (the ImageNet configs) attends a map no larger than its window as the released Swin
+            does, in one window without shift (with ``'LLSS'`` at 224 px also the linear
+            stages, whose windows are their maps); True (default) as mmdet's Swin.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmrepa,
-            mmdet and original Swin checkpoints (LayerNorm weights go to the LN branch) and SLAB
-            checkpoints (``LinearNorm``: ``norm1.norm1.*``, ``norm1.norm2.bn.*``,
+            mmdet, original and timm Swin checkpoints (LayerNorm weights go to the LN branch)
+            and SLAB checkpoints (``LinearNorm``: ``norm1.norm1.*``, ``norm1.norm2.bn.*``,
             ``norm1.norm2.alpha``), see :func:`prepbn_checkpoint_filter_fn`.
 
     Input (B, in_channels, H, W) of any size; outputs as :class:`RePaSwin`.
@@ -83,7 +86,7 @@ def prepbn_checkpoint_filter_fn(
     """Convert a Swin-family state dict to :class:`PRepBNSwin` names.
 
     Understands everything :func:`~mmrepa.backbones.swin.checkpoint_filter_fn` does
-    (mmrepa, mmdet, original Swin layouts), plus: SLAB ``LinearNorm`` norms
+    (mmrepa, mmdet, original and timm Swin layouts), plus: SLAB ``LinearNorm`` norms
     (``X.norm1.*`` = LayerNorm branch, ``X.norm2.bn.*`` and ``X.norm2.alpha`` = RepBN,
     ``X.iter / X.total_step`` = λ); plain LayerNorm weights where the model has a PRepBN go to
     its LN branch; SLA positional encodings of another window size are resized (bicubic).

@@ -1,7 +1,8 @@
 """RePa-Swin: Swin Transformer with channel-idle FFNs that fold at test time (RePaFormer).
 
 With ``idle_ratio=0, ffn_norm='LN'`` the network is exactly mmdet's ``SwinTransformer`` and
-loads its checkpoints unchanged.
+loads its checkpoints unchanged; with ``shift_small_maps=False`` too, the released Swin
+(Microsoft's, timm's), whose classification checkpoints it loads as well.
 """
 
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -162,7 +163,7 @@ class RePaSwin(DenseBackbone):
         deploy (bool): Build the folded structure directly (load folded checkpoints).
             Default: False.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads mmdet
-            Swin, original Swin, RePaViT and mmrepa checkpoints (see
+            Swin, original Swin, timm Swin, RePaViT and mmrepa checkpoints (see
             :func:`checkpoint_filter_fn`); otherwise truncated-normal initialisation.
         **mmdet_swin_args: mmdet ``SwinTransformer`` arguments, so that a Swin config can change
             only the backbone's ``type``: ``embed_dims``, ``depths``, ``num_heads`` (the arch;
