@@ -120,6 +120,12 @@ def _scales_paths(model) -> Iterator[Tuple[str, str, str]]:
         yield ('Hyper-Search scales checkpoint', 'model.backbone.scales', backbone['scales'])
 
 
+def _teacher_paths(model) -> Iterator[Tuple[str, str, str]]:
+    """DistilledMAE's ``teacher_checkpoint`` (read when the model is built, by every tool)."""
+    if isinstance(model, dict) and isinstance(model.get('teacher_checkpoint'), str):
+        yield ('teacher checkpoint', 'model.teacher_checkpoint', model['teacher_checkpoint'])
+
+
 def _coco_datasets(ds, key: str) -> Iterator[Tuple[str, dict]]:
     """(key, config) of the data sets under ``ds`` (wrappers followed) that are mmdet
     ``CocoDataset``s or subclasses (LVIS, Objects365, ...)."""
@@ -238,6 +244,7 @@ def _config_paths(
     if pretrained:
         yield from _pretrained_paths(cfg.get('model'), 'model')
     yield from _scales_paths(cfg.get('model'))  # read when the model is built
+    yield from _teacher_paths(cfg.get('model'))
 
 
 def config_inputs(

@@ -43,6 +43,7 @@ _REDUNDANT = re.compile(
     r'|depthrep_vit_tiny_d[34]_'
     r'|(prepbn|slab)_pvt_[sm]_(1x|8xb128)_'
     r'|_fsdp[-_]'  # a config above with a sharded runtime: tests/integration/test_fsdp.py
+    r'|dmae_\w+_(pretrain|join)_in1k\.py$'  # MAE + teacher: tests/unit/selfsup (a made teacher)
 )
 CONFIGS = sorted(
     p
