@@ -160,9 +160,22 @@ UNUSABLE = {
     'under a pixel': lambda c: every(c, bbox=[1, 1, 0.5, 0.5], area=0.25),
     'outside the image': lambda c: every(c, bbox=[500, 500, 4, 4]),
     'of no listed image': lambda c: every(c, image_id=999),
+    'under a pixel wide': lambda c: every(c, bbox=[1, 1, 0.5, 4], area=2),
+    'under a pixel high': lambda c: every(c, bbox=[1, 1, 4, 0.5], area=2),
+    'of zero area': lambda c: every(c, bbox=[1, 1, 4, 4], area=0),
+    'just below the image': lambda c: below_the_image(c),
     'crowds only': lambda c: every(c, iscrowd=1),
+    'ignored only': lambda c: every(c, ignore=1),
     'no annotation': lambda c: set_(c, 'annotations', []),
 }
+
+
+def below_the_image(coco):
+    """Every box starts on its image's bottom edge: no pixel inside (mmdet drops it)."""
+    height = {image['id']: image['height'] for image in coco['images']}
+    for a in coco['annotations']:
+        a['bbox'] = [1, height[a['image_id']], 4, 4]
+    return coco
 
 
 @pytest.mark.parametrize('split', ('train', 'val', 'test'))
