@@ -203,3 +203,30 @@ def test_imagenet_configs_compute_the_released_swin_and_detection_keeps_mmdet_s(
         if not path.endswith('_in1k.py'):
             with open(path) as f:
                 assert 'shift_small_maps' not in f.read(), path
+
+
+@pytest.mark.parametrize('shift_small_maps', [True, False])
+def test_mmdet_parity_at_detection_sizes_holds_either_way(tmp_path, shift_small_maps):
+    """At 256² and 800x1333 every map is larger than the window: both settings are mmdet's
+    Swin."""
+    from mmdet.models.backbones import SwinTransformer
+
+    ref = SwinTransformer(embed_dims=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
+    ref = randomize_(ref).double()
+    ref.eval()  # mmdet's Swin.train() returns None
+    path = tmp_path / 'ckpt.pth'
+    torch.save({'state_dict': ref.state_dict()}, path)
+    ours = RePaSwin(
+        arch=TINY_ARCH,
+        idle_ratio=0.0,
+        ffn_norm='LN',
+        drop_path_rate=0.0,
+        shift_small_maps=shift_small_maps,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+    )
+    ours.init_weights()
+    ours = ours.double().eval()
+    for hw in [(256, 256), (800, 1333)]:
+        x = torch.randn(1, 3, *hw, dtype=torch.float64)
+        with torch.no_grad():
+            assert max_abs_diff(ours(x), ref(x)) <= 1e-10, hw
