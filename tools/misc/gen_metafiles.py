@@ -21,6 +21,7 @@ import inspect
 import json
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 import time
@@ -166,13 +167,15 @@ def list_configs(root: str = ROOT) -> list:
     """The configs the index covers: ``configs/<family>/*.py`` (not ``demo/``, ``deploy/`` nor
     ``_base_/``), but not the ``*_deploy_*`` variants: they build an indexed model folded,
     whose counts are that model's ``(folded)`` fields; nor the ``*_fsdp*`` ones: an indexed
-    model trained sharded."""
+    model trained sharded; nor D-MAE's self-supervised stages (``dmae_*_pretrain_*``,
+    ``dmae_*_join_*``: an MAE with its teacher, whose fine-tuned model is the indexed one)."""
     return sorted(
         osp.relpath(p, root)
         for p in glob.glob(osp.join(root, CONFIG_DIR, '*', '*.py'))
         if osp.basename(osp.dirname(p)) not in NOT_FAMILIES
         and '_deploy_' not in osp.basename(p)
         and '_fsdp' not in osp.basename(p)
+        and not re.match(r'dmae_.*_(pretrain|join)_', osp.basename(p))
     )
 
 
