@@ -118,14 +118,7 @@ class RepOptVGG(DenseBackbone):
         se: bool = False,
     ):
         super().__init__(init_cfg=init_cfg)
-        if mode not in MODES:
-            raise ConfigError(f'mode must be one of {sorted(MODES)}, got {mode!r}')
-        if identity_init not in ('searched', 'one'):
-            raise ConfigError(f"identity_init must be 'searched' or 'one', got {identity_init!r}")
-        if kernel_init not in ('torch', 'msra'):
-            raise ConfigError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
-        if len(strides) != 5 or set(strides) - {1, 2}:
-            raise ConfigError(f'strides: 5 values of 1 or 2 (stem, stages 1-4), got {strides}')
+        _check_choices(mode, identity_init, kernel_init, strides)
         self.arch = resolve_arch(arch)
         self.mode, self.identity_init, self.kernel_init = mode, identity_init, kernel_init
         self.se = se
@@ -145,14 +138,8 @@ class RepOptVGG(DenseBackbone):
         self.stage0 = layer(in_channels, self.arch['stem_width'], strides[0], 0)
         c_in = self.arch['stem_width']
         for i, (num_layers, width) in enumerate(zip(self.arch['depths'], self.arch['widths'])):
-            layers, depth = [], 0
-            for j in range(num_layers):
-                stride = strides[i + 1] if j == 0 else 1
-                with_identity = c_in == width and stride == 1
-                depth += with_identity
-                layers.append(layer(c_in, width, stride, depth if with_identity else 0))
-                c_in = width
-            self.add_module(f'stage{i + 1}', nn.Sequential(*layers))
+            self.add_module(f'stage{i + 1}', _stage(layer, c_in, width, num_layers, strides[i + 1]))
+            c_in = width
         if scales is not None:
             if mode not in ('target', 'csla'):
                 raise ConfigError(
@@ -353,3 +340,27 @@ class RepOptVGG(DenseBackbone):
                 "checkpoint's own, or give the scales file it was trained with"
             )
         return [f'*.{name}' for name in SCALE_NAMES]
+
+
+def _check_choices(mode, identity_init, kernel_init, strides) -> None:
+    if mode not in MODES:
+        raise ConfigError(f'mode must be one of {sorted(MODES)}, got {mode!r}')
+    if identity_init not in ('searched', 'one'):
+        raise ConfigError(f"identity_init must be 'searched' or 'one', got {identity_init!r}")
+    if kernel_init not in ('torch', 'msra'):
+        raise ConfigError(f"kernel_init must be 'torch' or 'msra', got {kernel_init!r}")
+    if len(strides) != 5 or set(strides) - {1, 2}:
+        raise ConfigError(f'strides: 5 values of 1 or 2 (stem, stages 1-4), got {strides}')
+
+
+def _stage(layer, c_in: int, width: int, num_layers: int, stride: int) -> nn.Sequential:
+    """One stage: its first layer strides; ``layer``'s depth counts the layers with an
+    identity branch up to each one (the Hyper-Search initial scales depend on it)."""
+    layers, depth = [], 0
+    for j in range(num_layers):
+        s = stride if j == 0 else 1
+        with_identity = c_in == width and s == 1
+        depth += with_identity
+        layers.append(layer(c_in, width, s, depth if with_identity else 0))
+        c_in = width
+    return nn.Sequential(*layers)

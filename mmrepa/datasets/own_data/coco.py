@@ -102,17 +102,7 @@ def detection(cfg: Config, root: str, classes):
     for loader, split, leaves in loaders(cfg):
         files = []
         for leaf in leaves:
-            if not str(leaf.get('ann_file', '')).endswith('.json'):
-                raise ConfigError(
-                    f'--data-root reads COCO-format data; {loader} uses '
-                    f'{leaf.get("type")} with ann_file={leaf.get("ann_file")!r}'
-                )
-            configured = leaf['ann_file'] if not osp.isabs(leaf['ann_file']) else None
-            splits = split_names(split)
-            own = [[f'annotations/{s}.json', f'annotations/instances_{s}*.json'] for s in splits]
-            candidates = [*own[0], configured, *(own[1] if len(own) > 1 else [])]
-            ann_file = first_existing(root, candidates, 'annotation file', loader)
-            leaf['data_root'] = root
+            ann_file = _annotation_file(leaf, root, loader, split)
             if ann_file is None:
                 continue
             if ann_file in files:
@@ -122,19 +112,10 @@ def detection(cfg: Config, root: str, classes):
                     f'with --cfg-options {loader}.dataset...ann_file=FILE'
                 )
             files.append(ann_file)
-            coco = _read_coco(osp.join(root, ann_file))
-            names = names or _coco_classes(coco, classes, osp.join(root, ann_file))
-            _check_coco(coco, names, osp.join(root, ann_file), split, classes is not None)
-            prefix = _image_prefix(
-                root, ann_file, split, (leaf.get('data_prefix') or {}).get('img'), coco
-            )
-            leaf['ann_file'] = ann_file
-            leaf['data_prefix'] = dict(leaf.get('data_prefix') or {}, img=prefix)
+            names = _use_coco_file(leaf, root, ann_file, split, names, classes)
         if files:
             resolved[split] = files[0]
-            found.append(f'{split}: {" + ".join(files)}')
-        else:
-            found.append(f'{split}: not found')
+        found.append(f'{split}: {" + ".join(files) if files else "not found"}')
     if names is None:
         raise ConfigError(
             f'--data-root: no COCO-format annotations in {root}: expected the '
@@ -145,6 +126,42 @@ def detection(cfg: Config, root: str, classes):
     for _, _, leaves in loaders(cfg):
         for leaf in leaves:
             leaf['metainfo'] = copy.deepcopy(meta)
+    _point_evaluators(cfg, root, resolved)
+    return found, names
+
+
+def _annotation_file(leaf: dict, root: str, loader: str, split: str):
+    """The split's own annotation file under ``root`` (or the config's), None if none."""
+    if not str(leaf.get('ann_file', '')).endswith('.json'):
+        raise ConfigError(
+            f'--data-root reads COCO-format data; {loader} uses '
+            f'{leaf.get("type")} with ann_file={leaf.get("ann_file")!r}'
+        )
+    configured = leaf['ann_file'] if not osp.isabs(leaf['ann_file']) else None
+    own = [
+        [f'annotations/{s}.json', f'annotations/instances_{s}*.json'] for s in split_names(split)
+    ]
+    candidates = [*own[0], configured, *(own[1] if len(own) > 1 else [])]
+    ann_file = first_existing(root, candidates, 'annotation file', loader)
+    leaf['data_root'] = root
+    return ann_file
+
+
+def _use_coco_file(leaf: dict, root: str, ann_file: str, split: str, names, classes):
+    """Checks ``ann_file`` and points ``leaf`` at it and its images; returns the class names
+    (the first file's, or ``names`` when already known)."""
+    path = osp.join(root, ann_file)
+    coco = _read_coco(path)
+    names = names or _coco_classes(coco, classes, path)
+    _check_coco(coco, names, path, split, classes is not None)
+    prefix = _image_prefix(root, ann_file, split, (leaf.get('data_prefix') or {}).get('img'), coco)
+    leaf['ann_file'] = ann_file
+    leaf['data_prefix'] = dict(leaf.get('data_prefix') or {}, img=prefix)
+    return names
+
+
+def _point_evaluators(cfg: Config, root: str, resolved: dict) -> None:
+    """The val and test evaluators read the annotation file their split uses."""
     for split in ('val', 'test'):
         ann_file = resolved.get(split) or resolved.get('val')
         evaluator = cfg.get(f'{split}_evaluator')
@@ -152,7 +169,6 @@ def detection(cfg: Config, root: str, classes):
         for metric in metrics:
             if isinstance(metric, dict) and 'ann_file' in metric and ann_file:
                 metric['ann_file'] = osp.join(root, ann_file)
-    return found, names
 
 
 def _coco_classes(coco: dict, classes, path: str) -> List[str]:
