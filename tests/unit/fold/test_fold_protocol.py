@@ -312,6 +312,12 @@ def _metaformer_block():
 
 
 def _build(path: str):
+    key = path[len('mmrepa.') :]
+    builders = _backbone_builders()
+    return (builders[key] if key in builders else _block_builders()[key])()
+
+
+def _backbone_builders() -> dict:
     from mmrepa.backbones import (
         CAFormer,
         ConvFormer,
@@ -327,29 +333,27 @@ def _build(path: str):
         RePaViT,
         RepOptVGG,
     )
-    from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
     from mmrepa.backbones.metaformer import MetaFormer
-    from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
-    from mmrepa.backbones.swin import FoldablePatchMerging
-    from mmrepa.layers import ConvPatchEmbed, FoldablePatchEmbed
+    from mmrepa.selfsup.mae import MAEDepthRepViT
 
     meta = dict(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16))
     vgg = dict(depths=(1, 2, 1, 1), widths=(8, 8, 16, 16), stem_width=8)
     vit = dict(embed_dims=8, num_layers=2, num_heads=2)
     pvt = dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))
     mixer = dict(embed_dims=8, num_layers=2, tokens_mlp_dims=8, channels_mlp_dims=16, patch_size=8)
-    builders = {
+    return {
         'backbones.mlp_mixer.MLPMixer': lambda: MLPMixer(mixer, img_size=32, idle_ratio=0.5),
         'backbones.prepbn_pvt.PRepBNPVT': lambda: PRepBNPVT(pvt, pretrain_img_size=64),
-        'backbones.prepbn_pvt.PVTBlock': lambda: PRepBNPVT(pvt).stages[0].blocks[0],
-        'backbones.prepbn_pvt.SpatialReductionAttention': lambda: (
-            PRepBNPVT(pvt).stages[0].blocks[0].attn
-        ),
         'backbones.prepbn_vit.PRepBNViT': lambda: PRepBNViT(vit, img_size=32),
         'backbones.repa_vit.RePaViT': lambda: RePaViT(vit, img_size=32, idle_ratio=0.5),
-        'backbones.repa_vit.RePaViTBlock': lambda: RePaViT(vit, img_size=32).stages[0],
         'backbones.depth_rep_vit.backbone.DepthRepViT': lambda: DepthRepViT(
             dict(embed_dims=8, num_layers=4, num_heads=2),
+            num_branches=2,
+            img_size=32,
+            join_lambda=1.0,
+        ),
+        'selfsup.mae.MAEDepthRepViT': lambda: MAEDepthRepViT(
+            arch=dict(embed_dims=8, num_layers=4, num_heads=2),
             num_branches=2,
             img_size=32,
             join_lambda=1.0,
@@ -361,7 +365,6 @@ def _build(path: str):
         'backbones.metaformer.backbone.MetaFormer': lambda: MetaFormer(
             meta, ('conv',) * 4, idle_ratio=0.5
         ),
-        'backbones.metaformer.blocks.MetaFormerBlock': _metaformer_block,
         'backbones.metaformer.backbone.PoolFormer': lambda: PoolFormer(meta, idle_ratio=0.5),
         'backbones.metaformer.backbone.PoolFormerV2': lambda: PoolFormerV2(meta, idle_ratio=0.5),
         'backbones.metaformer.backbone.IdentityFormer': lambda: IdentityFormer(
@@ -374,8 +377,30 @@ def _build(path: str):
             TINY_ARCH, window_size=3, idle_ratio=0.5
         ),
         'backbones.swin.repa_swin.RePaSwin': lambda: RePaSwin(TINY_ARCH, window_size=3),
-        'backbones.swin.blocks.RePaSwinBlock': _swin_block,
         'backbones.repopt_vgg.backbone.RepOptVGG': lambda: RepOptVGG(vgg, mode='repvgg'),
+    }
+
+
+def _block_builders() -> dict:
+    from mmrepa.backbones import (
+        PRepBNPVT,
+        RePaViT,
+    )
+    from mmrepa.backbones.depth_rep_vit import JoinedAttention, JoinedBlock, JoinedFFN
+    from mmrepa.backbones.repopt_vgg import CSLAConvBN, RepOptConvBN, RepVGGConvBN
+    from mmrepa.backbones.swin import FoldablePatchMerging
+    from mmrepa.layers import ConvPatchEmbed, FoldablePatchEmbed
+
+    vit = dict(embed_dims=8, num_layers=2, num_heads=2)
+    pvt = dict(embed_dims=8, num_layers=(1, 1, 1, 1), num_heads=(1, 2, 2, 4))
+    return {
+        'backbones.prepbn_pvt.PVTBlock': lambda: PRepBNPVT(pvt).stages[0].blocks[0],
+        'backbones.prepbn_pvt.SpatialReductionAttention': lambda: (
+            PRepBNPVT(pvt).stages[0].blocks[0].attn
+        ),
+        'backbones.repa_vit.RePaViTBlock': lambda: RePaViT(vit, img_size=32).stages[0],
+        'backbones.metaformer.blocks.MetaFormerBlock': _metaformer_block,
+        'backbones.swin.blocks.RePaSwinBlock': _swin_block,
         'layers.channel_idle_ffn.ChannelIdleFFN': lambda: ChannelIdleFFN(8),
         'backbones.depth_rep_vit.attention.JoinedAttention': lambda: JoinedAttention(
             8, 2, 2, join_lambda=1.0
@@ -394,7 +419,6 @@ def _build(path: str):
         'backbones.repopt_vgg.blocks.RepVGGConvBN': lambda: RepVGGConvBN(8, 8),
         'backbones.metaformer.sep_conv.SepConv': lambda: SepConv(8),
     }
-    return builders[path[len('mmrepa.') :]]()
 
 
 # Bases that are not modules of their own: each concrete subclass is tested.
