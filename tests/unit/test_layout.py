@@ -1,11 +1,14 @@
 """The library does not import its command-line package: only ``mmrepa/integrations/cli`` itself
-(and ``tools/``, ``tests/``) may import ``mmrepa.integrations.cli`` (docs/layout.md)."""
+(and ``tools/``, ``tests/``) may import ``mmrepa.integrations.cli`` (docs/layout.md). And no
+function of the repository's Python is longer than one screen (80 lines; ruff holds complexity
+and statement counts, ruff.toml)."""
 
 import ast
 import os
 import os.path as osp
 
-PACKAGE = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'mmrepa')
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+PACKAGE = osp.join(ROOT, 'mmrepa')
 CLI = 'mmrepa.integrations.cli'
 
 
@@ -73,3 +76,35 @@ def test_every_import_form_is_seen():
     for source, (module, is_package) in forms.items():
         assert _imports_cli(imported_names(source, module, is_package)), source
     assert not _imports_cli(imported_names('from .integrations import onnx', 'mmrepa.x', False))
+
+
+def long_functions(source: str, limit: int = 80):
+    """``(name, first line, lines)`` of every function of ``source`` longer than ``limit``
+    lines, decorators and docstring included."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if node.end_lineno - first + 1 > limit:
+                yield node.name, first, node.end_lineno - first + 1
+
+
+def test_no_function_is_longer_than_80_lines():
+    found = []
+    for top in ('mmrepa', 'tools', 'benchmarks', 'tests', 'configs'):
+        for dirpath, dirnames, filenames in os.walk(osp.join(ROOT, top)):
+            dirnames[:] = [d for d in dirnames if d not in ('.mim', '__pycache__')]
+            for name in filenames:
+                if name.endswith('.py'):
+                    path = osp.join(dirpath, name)
+                    with open(path, encoding='utf-8') as f:
+                        found += [
+                            f'{osp.relpath(path, ROOT)}:{line} {fn} ({n} lines)'
+                            for fn, line, n in long_functions(f.read())
+                        ]
+    assert not found, found
+
+
+def test_long_functions_are_measured_from_the_decorator():
+    body = '\n'.join(f'    x = {i}' for i in range(79))
+    assert not list(long_functions(f'def f():\n{body}\n'))  # 80 lines
+    assert [n for _, _, n in long_functions(f'@property\ndef f():\n{body}\n')] == [81]
