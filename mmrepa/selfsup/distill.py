@@ -128,7 +128,7 @@ class DistilledMAE(MAE):
                     '(the paper gives the student 12 heads, as MAE-Base has)'
                 )
         if getattr(self.backbone, 'with_cp', False):
-            raise ConfigError('DistilledMAE reads the blocks\' attention inputs: set with_cp=False')
+            raise ConfigError("DistilledMAE reads the blocks' attention inputs: set with_cp=False")
         return checked
 
     def _apply(self, fn, *args, **kwargs):

@@ -125,9 +125,7 @@ class MetaFormer(DenseBackbone):
             downsample = Downsampling(self.num_features[i - 1], dims, self.downsample_norm_cfg)
         return MetaFormerStage(blocks, downsample)
 
-    def _mixer(
-        self, i, j, window_sizes, global_blocks, head_dim, token_grids, deploy
-    ) -> nn.Module:
+    def _mixer(self, i, j, window_sizes, global_blocks, head_dim, token_grids, deploy) -> nn.Module:
         """The token mixer of block ``j`` of stage ``i``."""
         dims, kind = self.num_features[i], self.token_mixers[i]
         if kind == 'conv':
