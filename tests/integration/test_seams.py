@@ -43,7 +43,7 @@ def test_import_mmrepa_makes_exactly_the_listed_changes():
         '    tools=sorted(m for m in sys.modules if m.startswith("mmrepa.integrations")\n'
         '                 or m == "mmrepa.apis"))))\n'
     )
-    assert found['hook'], 'import mmrepa installs the one-line excepthook'
+    assert found['hook'], 'the opt-in mmrepa.one_line_errors installs the one-line excepthook'
     assert found['schemes'] == ['mmrepa.checkpoint.schemes'], found['schemes']
     assert found['allowed'] and found['filtered']
     assert found['tools'] == [], 'import mmrepa imports none of the tools glue'
@@ -54,7 +54,7 @@ def test_an_excepthook_someone_else_installed_is_left_alone():
         'import sys, json\n'
         'def mine(*args): pass\n'
         'sys.excepthook = mine\n'
-        'import mmrepa\n'
+        'import mmrepa.one_line_errors\n'  # the opt-in that installs the hook over the default
         'print(json.dumps(sys.excepthook is mine))\n'
     )
     assert found is True
