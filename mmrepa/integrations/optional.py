@@ -1,8 +1,8 @@
 """Optional dependencies of the tools: one rule, one message.
 
 mmrepa itself needs torch, mmengine and mmcv. ONNX export and INT8 (onnx, onnxruntime), OpenVINO
-and its INT8 (openvino, nncf), whole-model deployment (mmdeploy) and plots (matplotlib) are
-optional. The rule: a module that uses one
+and its INT8 (openvino, nncf), whole-model deployment (mmdeploy), plots (matplotlib) and timm's
+checkpoint conversions (timm) are optional. The rule: a module that uses one
 imports it where it is used, not at the top, through :func:`imported` (or checks it first with
 :func:`require`), which raises :class:`~mmrepa.errors.DependencyError` naming the package and how
 to install it; a tool parses its arguments first (``--help`` always works), then calls
@@ -25,6 +25,7 @@ INSTALL = {
     'openvino': "pip install -e '.[openvino]', or pip install -r requirements/openvino.txt",
     'nncf': "make install-tests, or pip install -e '.[openvino]'",
     'matplotlib': 'pip install matplotlib',
+    'timm': "pip install -e '.[timm]', or pip install 'timm>=1.0'",
 }
 
 

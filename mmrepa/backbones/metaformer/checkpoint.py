@@ -50,11 +50,13 @@ def _from_releases(state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tenso
     mmpretrain's output norms (``norm{2i}``, block outputs of ``network.{2i}``) are no release
     names: they are set aside from timm's renaming and become ``norm{i}``.
     """
-    if not any(
-        k.startswith(('downsample_layers.', 'network.', 'patch_embed.')) for k in state_dict
-    ):
+    if not any(k.startswith(_RELEASE_PREFIXES) for k in state_dict):
         return state_dict
-    # imported here, on this rarer path, because importing timm takes seconds
+    # imported here, on this rarer path, because importing timm takes seconds; timm is an
+    # optional extra, so a missing one is a one-line DependencyError naming the install
+    from ...integrations.optional import require
+
+    require('timm', tool='loading a MetaFormer release checkpoint')
     from timm.models.metaformer import checkpoint_filter_fn as timm_filter
 
     out_norms, rest = {}, {}

@@ -112,7 +112,10 @@ def _resize_bias_table(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     if heads != heads2:
         return table  # reported as a shape mismatch by the loader
     # timm's bicubic resize (align_corners=False) of the (2·ws − 1)² grid; imported here, on
-    # this rare path, because importing timm takes seconds
+    # this rare path, because importing timm (an optional extra) takes seconds
+    from ...integrations.optional import require
+
+    require('timm', tool='resizing a Swin position-bias table')
     from timm.layers import resize_rel_pos_bias_table_simple
 
     window = (math.isqrt(L2) + 1) // 2

@@ -101,7 +101,11 @@ def _resize_positional_encoding(pe: torch.Tensor, shape: torch.Size) -> torch.Te
     if C != C2:
         return pe  # reported as a shape mismatch by the loader
     # timm's resize with the old behaviour: no antialias (it would change a down-size) and
-    # align_corners=False; imported here, on this rare path, because importing timm takes seconds
+    # align_corners=False; imported here, on this rare path, because importing timm (an
+    # optional extra) takes seconds
+    from ...integrations.optional import require
+
+    require('timm', tool='resizing a PRepBN-Swin positional encoding')
     from timm.layers import resample_abs_pos_embed
 
     side = round(N2**0.5)
