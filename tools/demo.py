@@ -550,6 +550,7 @@ def write_summary(args, names, rows, summary, failed, total: float, machine: dic
 def main():
     args = parse_args()
     sys.path.insert(0, ROOT)
+    import mmrepa.integrations.cli  # noqa: F401  the tools' seams, before any config loads
     from mmrepa.utils.machine import machine_info
 
     names = list(TASKS) if args.task == 'all' else [args.task]

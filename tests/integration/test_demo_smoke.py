@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_script_here, script_module
+from tests.helpers import ROOT, assert_no_warnings, run_script_here, script_module
 
 
 @pytest.fixture(scope='module')
@@ -33,6 +33,7 @@ def test_demo_smoke_learns_and_folds(smoke):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # the tools' output goes to the logs: the user reads progress lines and the summary
     assert len(proc.stdout.splitlines()) < 20, proc.stdout
+    assert_no_warnings(proc.stderr)  # the demo loads configs itself: the tools' seams first
     assert '[1/1] classification: RePa-CAFormer' in proc.stdout
     assert 'demo summary: 1 of 1 tasks passed' in proc.stdout
     (row,) = json.loads((work / 'summary.json').read_text())['tasks']
