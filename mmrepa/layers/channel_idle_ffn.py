@@ -195,35 +195,6 @@ class ChannelIdleFFN(Reparameterizable, BaseModule):
         self.fc2 = nn.Linear(hidden, embed_dims, bias=bias)
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()
 
-    @classmethod
-    def from_modules(
-        cls,
-        norm1: nn.Module,
-        fc1: nn.Linear,
-        act: nn.Module,
-        fc2: nn.Linear,
-        active_channels: int,
-        hidden_norm: Optional[nn.Module] = None,
-        res_scale: Optional[nn.Parameter] = None,
-        layer_scale: Optional[nn.Parameter] = None,
-        drop_path: Optional[nn.Module] = None,
-    ) -> 'ChannelIdleFFN':
-        """The FFN made of existing modules (shared, not copied): another layout of the same
-        branch (e.g. a MetaFormer block's ``norm2``, ``mlp``, ``res_scale2``) folds as this
-        class folds. The activation applies to the first ``active_channels`` hidden channels.
-        """
-        self = cls.__new__(cls)
-        BaseModule.__init__(self)
-        embed_dims, hidden = fc1.in_features, fc1.out_features
-        self._set_shape(embed_dims, hidden, active_channels, act, norm1, res_scale is not None)
-        self.idle_ratio = 1.0 - active_channels / hidden
-        self.act, self.norm1, self.fc1, self.norm2, self.fc2 = act, norm1, fc1, hidden_norm, fc2
-        self.res_scale, self.layer_scale = res_scale, layer_scale
-        self.branch_scale = 1.0
-        self.drop = nn.Identity()
-        self.drop_path = drop_path if drop_path is not None else nn.Identity()
-        return self
-
     def _set_shape(
         self,
         embed_dims: int,

@@ -279,11 +279,6 @@ class ShiftWindowMSA(BaseModule):
     def padded_shape(self, hw_shape: Tuple[int, int]) -> Tuple[int, int]:
         return padded_size(hw_shape, self.window_and_shift(hw_shape)[0])
 
-    @property
-    def needs_mask(self) -> bool:
-        """Whether :meth:`forward` uses a shifted-window mask on maps larger than the window."""
-        return bool(self.shift_size) and self.w_msa.uses_mask
-
     def masks(self, hw_shape: Tuple[int, int]) -> bool:
         """Whether :meth:`forward` uses a shifted-window mask on an (H, W) map."""
         return bool(self.window_and_shift(hw_shape)[1]) and self.w_msa.uses_mask
