@@ -31,11 +31,16 @@ def _read_coco(path: str) -> dict:
     return coco
 
 
+def _is_id(value) -> bool:
+    """A COCO id: an int or a str, not a bool (which json reads from true / false)."""
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
 # what each entry of a COCO-format file must hold: (list, field, its check, what it must be)
 _FIELDS = (
-    ('categories', 'id', lambda v: isinstance(v, (int, str)) and not isinstance(v, bool), 'an id'),
+    ('categories', 'id', _is_id, 'an id'),
     ('categories', 'name', lambda v: isinstance(v, str) and v != '', 'a name'),
-    ('images', 'id', lambda v: isinstance(v, (int, str)) and not isinstance(v, bool), 'an id'),
+    ('images', 'id', _is_id, 'an id'),
     ('images', 'file_name', lambda v: isinstance(v, str) and v != '', 'a file name'),
 )
 
@@ -217,8 +222,8 @@ def _usable(ann: dict, images: dict, kept: set) -> bool:
     """Whether mmdet's CocoDataset keeps ``ann`` as an object to learn or score (its
     ``parse_data_info``: inside its image, at least a pixel wide and high, positive area, of a
     kept category; crowds are ignored)."""
-    image = images.get(ann.get('image_id')) if _hashable(ann.get('image_id')) else None
-    if image is None or not _hashable(ann.get('category_id')) or ann['category_id'] not in kept:
+    image = images.get(ann.get('image_id')) if _is_id(ann.get('image_id')) else None
+    if image is None or not _is_id(ann.get('category_id')) or ann['category_id'] not in kept:
         return False
     x, y, w, h = ann['bbox']
     area = ann.get('area', w * h)
@@ -234,7 +239,3 @@ def _usable(ann: dict, images: dict, kept: set) -> bool:
     if _finite(width) and _finite(height):  # mmdet drops a box with no overlap with its image
         return min(x + w, width) > max(x, 0) and min(y + h, height) > max(y, 0)
     return True
-
-
-def _hashable(value) -> bool:
-    return isinstance(value, (int, str)) and not isinstance(value, bool)
