@@ -116,7 +116,8 @@ class MetaFormerBlock(BaseModule):
         ffn_cfg = ffn_config(dims, idle_ratio, res_scale, norm_cfg, act_cfg, bias, layer_scale_init)
         self.mlp = ChannelIdleFFN(**ffn_cfg, drop_path_rate=drop_path_rate, deploy=deploy)
 
-    # a checkpoint of the other form is refused naming the block (mmrepa.fold.check_fold_state)
+    # a checkpoint of the other form is refused naming the block (mmrepa.fold.check_fold_state);
+    # the mlp checks the same keys, but this check runs first, so the message names the block
     fold_state_keys = ('mlp.in_proj.weight', 'mlp.fc1.weight')
 
     @property
