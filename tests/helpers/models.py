@@ -31,6 +31,14 @@ def max_abs_diff(a, b) -> float:
     return (a - b).abs().max().item()
 
 
+def max_relative(a, b) -> float:
+    """max |a - b| / max |b| (``b`` the reference); over tensors paired in two sequences, the
+    largest of these, each tensor at its own scale."""
+    if isinstance(a, (tuple, list)):
+        return max(max_relative(x, y) for x, y in zip(a, b))
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
 # the MetaFormer and RepOpt-VGG counterparts of TINY_ARCH: same structure, small widths;
 # MetaFormer's stages 3-4 stay multiples of CAFormer's head_dim 32 (RepOpt-VGG's: test_repopt_vgg's)
 METAFORMER_TINY = dict(depths=(1, 1, 2, 1), dims=(16, 32, 64, 96))

@@ -26,7 +26,7 @@ from mmrepa.backbones.depth_rep_vit import (
 from mmrepa.errors import CheckpointError
 from mmrepa.fold import FoldError
 from mmrepa.utils.complexity import complexity
-from tests.helpers import reference_block
+from tests.helpers import max_relative, reference_block
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
 # for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
@@ -68,10 +68,6 @@ def randomized(module, seed=0):
 def block(d=12, heads=2, n=2, join='logits', lam=1.0, seed=0, **kw):
     blk = JoinedBlock(d, heads, n, join, join_lambda=lam, **kw)
     return randomized(blk.to(F64), seed).eval()
-
-
-def rel_err(out, ref) -> float:
-    return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
 # -------------------------------------------------------------- the wrong folds (controls)
@@ -132,7 +128,7 @@ def test_training_forward_is_the_spec_formula(join, n, lam):
     valid = torch.ones(2, 9, dtype=torch.bool)
     valid[1, 6:] = False  # the second sample has 3 padding tokens
     ref = reference_block(blk, x, valid)
-    assert rel_err(blk(x, key_padding_mask=valid), ref) < 1e-12
+    assert max_relative(blk(x, key_padding_mask=valid), ref) < 1e-12
 
 
 @pytest.mark.parametrize('join', JOINS)
@@ -155,13 +151,13 @@ def test_joined_forward_at_one_has_the_gradients_of_the_general_formula(join):
         else (lambda: attn.branch_proj(attn._per_branch(x, None, joined_qkv=True)))
     )
     slow, g_slow = grads(general)
-    assert rel_err(fast, slow) < 1e-12
-    assert all(rel_err(a, b) < 1e-11 for a, b in zip(g_fast, g_slow))
+    assert max_relative(fast, slow) < 1e-12
+    assert all(max_relative(a, b) < 1e-11 for a, b in zip(g_fast, g_slow))
     ffn = randomized(JoinedFFN(12, 2.0, 3, join_lambda=1.0).to(F64))
     y = torch.randn(2, 7, 12, dtype=F64, requires_grad=True)
     fast = torch.autograd.grad(ffn(y).pow(2).sum(), [y, *ffn.parameters()])
     slow = torch.autograd.grad(ffn._branches(y, joined=True).pow(2).sum(), [y, *ffn.parameters()])
-    assert all(rel_err(a, b) < 1e-11 for a, b in zip(fast, slow))
+    assert all(max_relative(a, b) < 1e-11 for a, b in zip(fast, slow))
 
 
 def test_independent_branches_are_timm_attentions_and_mlps():
@@ -181,8 +177,8 @@ def test_independent_branches_are_timm_attentions_and_mlps():
         m = Mlp(12, 48).to(F64)
         m.load_state_dict(s)
         ref_ffn = ref_ffn + m(x)
-    assert rel_err(attn(x), ref_attn) < 1e-12
-    assert rel_err(ffn(x), ref_ffn) < 1e-12
+    assert max_relative(attn(x), ref_attn) < 1e-12
+    assert max_relative(ffn(x), ref_ffn) < 1e-12
 
 
 def test_stacked_layouts_round_trip():
@@ -246,7 +242,7 @@ def test_the_branch_forward_at_one_does_not_use_the_fold_arithmetic(join, n, mon
         monkeypatch.setattr(layer, '_folded_tensors', summed_weights)
     blk.attn.fast_joined_forward = blk.mlp.fast_joined_forward = False
     with torch.no_grad():
-        assert rel_err(blk(x, (3, 5)), ref) < 1e-12
+        assert max_relative(blk(x, (3, 5)), ref) < 1e-12
 
 
 # -------------------------------------------------------------- the fold
@@ -287,9 +283,9 @@ def test_fold_is_exact_at_lambda_one(
         folded = mmrepa.reparameterize(blk)
         assert folded.deploy and folded.attn.deploy and folded.mlp.deploy
         out = folded(x, hw, valid)
-    assert rel_err(unfolded, ref) <= 1e-10
-    assert rel_err(out, ref) <= 1e-10
-    assert rel_err(out, unfolded) <= 1e-10
+    assert max_relative(unfolded, ref) <= 1e-10
+    assert max_relative(out, ref) <= 1e-10
+    assert max_relative(out, unfolded) <= 1e-10
 
 
 @pytest.mark.parametrize('join', JOINS)
@@ -328,7 +324,7 @@ def test_single_branch_folds_to_a_timm_vit_block(join):
         .eval()
     )
     timm_block.load_state_dict(blk.state_dict())  # strict: the same keys and shapes
-    assert rel_err(timm_block(x), ref) <= 1e-12
+    assert max_relative(timm_block(x), ref) <= 1e-12
 
 
 def test_float32_fold_is_close():
@@ -338,7 +334,7 @@ def test_float32_fold_is_close():
         ref = blk(x)
         blk.reparameterize()
         assert blk.attn.qkv.weight.dtype == torch.float32
-        assert rel_err(blk(x), ref) < 1e-5
+        assert max_relative(blk(x), ref) < 1e-5
 
 
 @pytest.mark.parametrize('n', [2, 3])
@@ -349,13 +345,13 @@ def test_wrong_folds_fail_the_same_comparison(n):
     with torch.no_grad():
         u = blk.norm1(x)
         exact, ref = blk.attn(u), blk(x)
-        assert rel_err(paper_eq67_attention(blk.attn, u), exact) > 0.3  # measured 0.8-1.9
+        assert max_relative(paper_eq67_attention(blk.attn, u), exact) > 0.3  # measured 0.8-1.9
         wrong = branch_first_fold(blk)
-        assert rel_err(wrong.attn(u), exact) > 0.3  # measured 1.1-1.5
-        assert rel_err(wrong(x), ref) > 0.3
+        assert max_relative(wrong.attn(u), exact) > 0.3  # measured 1.1-1.5
+        assert max_relative(wrong(x), ref) > 0.3
         folded = mmrepa.reparameterize(blk)
-        assert rel_err(folded.attn(u), exact) <= 1e-10
-        assert rel_err(folded(x), ref) <= 1e-10
+        assert max_relative(folded.attn(u), exact) <= 1e-10
+        assert max_relative(folded(x), ref) <= 1e-10
 
 
 def test_fold_is_idempotent():
@@ -453,7 +449,7 @@ def test_deploy_builds_the_folded_structure(join, n):
         k: v.shape for k, v in folded.state_dict().items()
     }
     built.load_state_dict(folded.state_dict())  # strict
-    assert rel_err(built(x), ref) <= 1e-12
+    assert max_relative(built(x), ref) <= 1e-12
     with pytest.raises(ValueError, match='folded'):
         built.set_join_lambda(0.5)
     built.set_join_lambda(1.0)  # the folded block is the λ = 1 network

@@ -17,6 +17,7 @@ from mmrepa.errors import CheckpointError, ConfigError
 from mmrepa.fold import FoldError
 from mmrepa.utils.complexity import complexity
 from tests.helpers import (
+    max_relative,
     reference_block,
 )
 
@@ -63,10 +64,6 @@ def joined(model):
     for block in model.stages:
         block.set_join_lambda(1.0)
     return model
-
-
-def rel_err(out, ref) -> float:
-    return max(((o - r).abs().max() / r.abs().max()).item() for o, r in zip(out, ref))
 
 
 # ------------------------------------------------------------- sizes (depth_rep_vit.md#sizes)
@@ -184,11 +181,11 @@ def test_fold_equals_the_joined_formula(join, n, kind, size):
     x = torch.randn(2, 3, *size, dtype=F64)
     with torch.no_grad():
         ref = joined_formula(model)(x)
-        assert rel_err(model(x), ref) <= 1e-10  # the λ = 1 training forward
+        assert max_relative(model(x), ref) <= 1e-10  # the λ = 1 training forward
         model.reparameterize()
         assert len(model.stages) == DEEPER['num_layers'] // n
         out = model(x)
-    assert rel_err(out, ref) <= 1e-10
+    assert max_relative(out, ref) <= 1e-10
     if kind == 'featmap':
         assert [o.shape for o in out] == [(2, 24, -(-size[0] // 16), -(-size[1] // 16))] * 2
 
@@ -202,7 +199,7 @@ def test_float32_fold_is_close(join):
         ref = joined_formula(model)(x)
         model.float().reparameterize()
         assert model.stages[0].attn.qkv.weight.dtype == torch.float32
-        assert rel_err(model(x.float()), ref) <= 1e-5
+        assert max_relative(model(x.float()), ref) <= 1e-5
 
 
 @pytest.mark.parametrize('lam', [0.0, 0.5, 0.99])
@@ -284,7 +281,7 @@ def test_single_branch_equals_mmpretrain_vit(tmp_path, out_type, theirs):
     for size, tol in (((64, 64), 1e-10), ((80, 112), 1e-6)):
         x = torch.randn(2, 3, *size, dtype=F64)
         with torch.no_grad():
-            assert rel_err(model(x), ref(x)) <= tol
+            assert max_relative(model(x), ref(x)) <= tol
 
 
 def test_single_branch_equals_timm_vit(tmp_path):
@@ -309,7 +306,7 @@ def test_single_branch_equals_timm_vit(tmp_path):
     model.init_weights()
     x = torch.randn(2, 3, 64, 64, dtype=F64)
     with torch.no_grad():
-        assert rel_err(model.eval()(x), (ref(x),)) <= 1e-10
+        assert max_relative(model.eval()(x), (ref(x),)) <= 1e-10
 
 
 def test_a_deeper_vit_initializes_the_branches(tmp_path):

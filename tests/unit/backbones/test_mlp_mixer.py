@@ -11,7 +11,7 @@ from mmrepa.backbones import MLPMixer, RePaSwin
 from mmrepa.backbones.mlp_mixer import ARCH_SETTINGS
 from mmrepa.errors import CheckpointError, ConfigError, InputError
 from mmrepa.layers import ChannelIdleFFN
-from tests.helpers import TINY_ARCH, max_abs_diff, randomize_
+from tests.helpers import TINY_ARCH, max_abs_diff, max_relative, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
 # for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
@@ -38,10 +38,6 @@ def image(batch=2):
     return torch.randn(
         batch, 3, *IMG, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
     )
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def pretrained(tmp_path, state_dict, **kw):
@@ -73,9 +69,9 @@ def test_timm_checkpoint_loads_and_gives_timm_outputs_in_float64(tmp_path):
     x = image()
     with torch.no_grad():
         out = ours(x)[0].flatten(2).transpose(1, 2)
-        assert rel_err(out, ref.forward_features(x)) < 1e-10
+        assert max_relative(out, ref.forward_features(x)) < 1e-10
         logits = ref.head(out.mean(1))  # mmpretrain's GlobalAveragePooling + the same head
-        assert rel_err(logits, ref(x)) < 1e-10
+        assert max_relative(logits, ref(x)) < 1e-10
 
 
 def test_mmpretrain_classifier_checkpoint_loads_and_gives_its_outputs_in_float64(tmp_path):
@@ -91,7 +87,7 @@ def test_mmpretrain_classifier_checkpoint_loads_and_gives_its_outputs_in_float64
     )
     x = image()
     with torch.no_grad():
-        assert rel_err(ours(x)[0].flatten(2), ref(x)[0]) < 1e-10
+        assert max_relative(ours(x)[0].flatten(2), ref(x)[0]) < 1e-10
 
 
 def test_own_checkpoints_load_folded_and_unfolded(tmp_path):
@@ -100,11 +96,11 @@ def test_own_checkpoints_load_folded_and_unfolded(tmp_path):
     with torch.no_grad():
         ref = model(x)[0]
         unfolded = pretrained(tmp_path, model.state_dict(), idle_ratio=0.7)
-        assert rel_err(unfolded(x)[0], ref) < 1e-12
+        assert max_relative(unfolded(x)[0], ref) < 1e-12
         folded = pretrained(
             tmp_path, reparameterize(model).state_dict(), idle_ratio=0.7, deploy=True
         )
-        assert rel_err(folded(x)[0], ref) < 1e-10
+        assert max_relative(folded(x)[0], ref) < 1e-10
     with pytest.raises(ValueError, match='deploy=True'):
         pretrained(tmp_path, model.state_dict(), idle_ratio=0.7)
 
@@ -136,7 +132,7 @@ def test_fold_is_exact_in_float64_and_deploy_builds_the_folded_form(kw):
     with torch.no_grad():
         ref = model(x)
         reparameterize(model)
-        assert max(rel_err(o, r) for o, r in zip(model(x), ref)) < 1e-10
+        assert max(max_relative(o, r) for o, r in zip(model(x), ref)) < 1e-10
     deployed = MLPMixer(TINY, img_size=IMG, out_indices=(0, 2), deploy=True, **kw).double()
     assert {k: v.shape for k, v in deployed.state_dict().items()} == {
         k: v.shape for k, v in model.state_dict().items()
@@ -151,7 +147,7 @@ def test_fold_is_close_in_float32():
     x = image().float()
     with torch.no_grad():
         ref = model(x)[0]
-        assert rel_err(reparameterize(model)(x)[0], ref) < 1e-5
+        assert max_relative(reparameterize(model)(x)[0], ref) < 1e-5
 
 
 def test_only_the_channel_mlps_fold_into_three_matrices():

@@ -12,7 +12,7 @@ from mmrepa.backbones import PRepBNPVT, PRepBNSwin
 from mmrepa.engine.hooks import PRepBNScheduleHook
 from mmrepa.errors import CheckpointError, ConfigError
 from mmrepa.layers import PRepBN
-from tests.helpers import TINY_ARCH, randomize_
+from tests.helpers import TINY_ARCH, max_relative, randomize_
 
 # Tolerances. Float64 comparisons of a fold (or a written-out reference) with the model: 1e-12
 # for one layer, 1e-10 through a block or a model, absolute on values of order 1-10 or relative
@@ -45,10 +45,6 @@ def load(model, state_dict, tmp_path):
     model.init_cfg = dict(type='Pretrained', checkpoint=str(path))
     model.init_weights()
     return model
-
-
-def rel_diff(a, b):
-    return max(((u - v).abs().max() / u.abs().max()).item() for u, v in zip(a, b))
 
 
 def to_release(ref):
@@ -90,12 +86,13 @@ def test_lambda_one_is_mmdets_pvt_from_the_same_weights_in_any_layout(tmp_path):
         expected = ref(x)
         detector = {'backbone.' + k: v for k, v in ref.state_dict().items()}
         model = load(ours(), detector, tmp_path).train()
-        assert rel_diff(expected, model(x)) < 1e-10
+        assert max_relative(model(x), expected) < 1e-10
         release = to_release(ref)
         again = mmdet_pvt()
         again.load_state_dict(pvt_convert(release))
         model = load(ours(), release, tmp_path).train()
-        assert rel_diff(again.train()(x), model(x)) < 1e-10
+        converted = again.train()(x)
+        assert max_relative(model(x), converted) < 1e-10
     assert torch.equal(
         model.stages[1].blocks[1].ffn.norm1.ln.weight, ref.layers[1][1][2].norm2.weight
     )
@@ -125,13 +122,13 @@ def test_fold_is_exact_and_leaves_no_norm(paddings, attn_types, tmp_path):
         before = model(x)
         fold_model(model, logger=None)
         after = model(x)
-    assert rel_diff(before, after) < 1e-10
+    assert max_relative(after, before) < 1e-10
     assert not [m for m in model.modules() if isinstance(m, (PRepBN, nn.LayerNorm))]
     deployed = ours(**kw, deploy=True)
     detector = {'backbone.' + k: v for k, v in model.state_dict().items()}
     load(deployed, detector, tmp_path)  # the folded checkpoint of a whole detector
     with torch.no_grad():
-        assert rel_diff(after, deployed.eval()(x)) == 0
+        assert max_relative(deployed.eval()(x), after) == 0
 
 
 @pytest.mark.parametrize('attn_types', [None, 'LLLL'])
@@ -145,7 +142,7 @@ def test_fold_is_close_in_float32(attn_types):
     with torch.no_grad():
         before = model.eval()(x)
         fold_model(model, logger=None)
-        assert rel_diff(before, model(x)) < 1e-5
+        assert max_relative(model(x), before) < 1e-5
 
 
 def test_a_mmdet_pvt_config_switches_by_its_type_alone(tmp_path):
@@ -337,10 +334,10 @@ def test_slab_pvt_checkpoint_is_slabs_formula(tmp_path):
     with torch.no_grad():
         expected = [slab_pvt_reference(sd, x, bn_eps) for x in images]
         for x, ref in zip(images, expected):
-            assert rel_diff(ref, model(x)) < 1e-10
+            assert max_relative(model(x), ref) < 1e-10
         fold_model(model, logger=None)
         for x, ref in zip(images, expected):
-            assert rel_diff(ref, model(x)) < 1e-10
+            assert max_relative(model(x), ref) < 1e-10
 
 
 def test_only_the_linear_norms_step_counters_are_read_other_warm_keys_are_unexpected(tmp_path):

@@ -13,7 +13,7 @@ from mmengine.optim import build_optim_wrapper
 import mmrepa  # noqa: F401
 from mmrepa.backbones import RepOptVGG
 from tests.helpers import REPOPT_VGG_TINY as TINY
-from tests.helpers import csla_model_like, random_scales, target_scales
+from tests.helpers import csla_model_like, max_relative, random_scales, target_scales
 
 STEPS = 8
 
@@ -81,10 +81,6 @@ def train(model, wrapper, steps, lr0=0.05):
         outputs.append(logits.detach())
         wrapper.update_params(nn.functional.cross_entropy(logits, y))
     return outputs
-
-
-def max_relative(a, b):
-    return max(float((x - y).abs().max() / y.abs().max()) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize('nesterov, dampening', [(True, 0.0), (False, 0.3)])

@@ -21,7 +21,7 @@ from mmrepa.apis import build_model
 from mmrepa.backbones.depth_rep_vit import JoinedAttention
 from mmrepa.errors import CheckpointError, ConfigError
 from mmrepa.selfsup import attention_distill_loss, vit_attention_maps
-from tests.helpers import CLASSES, ROOT, write_images
+from tests.helpers import CLASSES, ROOT, max_relative, write_images
 
 F64 = torch.float64
 CONFIGS = osp.join(ROOT, 'configs', 'depth_rep_vit')
@@ -270,10 +270,6 @@ def tiny_finetune(checkpoint=None):
     return build(cfg)
 
 
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 def test_finetuning_pools_and_folds_exactly():
     """The fine-tuning config's model: global average pooling (no class token read), λ = 1 from
     the config, and the fold of the trained (random, float64) model equal to 1e-10."""
@@ -289,12 +285,12 @@ def test_finetuning_pools_and_folds_exactly():
         for block in patches.stages:
             tokens = block(tokens, None)
         gap = patches.norm1(tokens[:, 1:].mean(1))  # the mean of the patch tokens, then LN
-        assert rel_err(feats, gap) <= 1e-12
+        assert max_relative(feats, gap) <= 1e-12
         joined = model(x, mode='tensor')
         mmrepa.reparameterize(model)
         folded = model(x, mode='tensor')
     assert all(b.deploy for b in model.backbone.stages)
-    assert rel_err(folded, joined) <= 1e-10
+    assert max_relative(folded, joined) <= 1e-10
 
 
 def test_the_pretrained_encoder_initializes_the_finetuning_model(tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from mmrepa import reparameterize
 from mmrepa.backbones import PRepBNSwin, RePaSwin
-from tests.helpers import ROOT, TINY_ARCH, max_abs_diff, randomize_
+from tests.helpers import ROOT, TINY_ARCH, max_abs_diff, max_relative, randomize_
 
 timm = pytest.importorskip('timm')
 
@@ -81,10 +81,6 @@ def ours_from(tmp_path, state_dict, shape, cls=RePaSwin, **kw):
     return model.double().eval()
 
 
-def relative(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 def assert_equal_to_timm(ours, ref, x):
     """The normed last stage, and the logits of timm's head on it (timm's forward is
     ``forward_head(forward_features(x))``)."""
@@ -93,7 +89,7 @@ def assert_equal_to_timm(ours, ref, x):
         (features,) = ours(x)
         features = features.permute(0, 2, 3, 1)
         assert max_abs_diff(features, expected) <= 1e-10
-        assert relative(ref.forward_head(features), ref.forward_head(expected)) <= 1e-10
+        assert max_relative(ref.forward_head(features), ref.forward_head(expected)) <= 1e-10
 
 
 @pytest.mark.parametrize('name', list(SHAPES))
