@@ -35,8 +35,8 @@ from .fold import reparameterize
 class TextOnceConfig(Config):
     """mmengine's ``Config`` whose ``pretty_text`` (the config as Python, formatted by yapf) is
     formatted once per content. A Runner asks for it up to five times per run (the log, the
-    dumped config, the visualizer's copy, the run's meta, every checkpoint's meta), and each
-    formatting of a detector's config takes 0.3-1 s of a CPU core: most of a short run's start.
+    dumped config, the visualizer's copy, the run's meta, every checkpoint's meta), and
+    formatting a detector's config is slow: most of a short run's start (docs/speed.md).
     Same content, same text: the texts are kept by content (the repr of ``to_dict()``, what is
     formatted), a few at a time. ``copy.deepcopy`` (which the Runner makes) keeps the class."""
 

@@ -295,8 +295,7 @@ def run_task(task: Task, config: str, step: Step, args) -> dict:
     ckpt = last_checkpoint(step.work_dir)
     results = {}
     # the folded model draws its predictions on the test images: the pictures the demo leaves
-    # (not --smoke, a check: drawing its 150 took ~3.5 s of its two test runs' ~25 s on a
-    # 2-core AMD EPYC, AVX2, one thread)
+    # (not --smoke, a check, whose test runs they would slow; docs/speed.md)
     pictures = [] if args.smoke else ['--show-dir', osp.join(step.work_dir, 'pictures')]
     for name, flags in (('trained', []), ('folded', ['--reparam', *pictures])):
         out = osp.join(step.work_dir, f'metrics_{name}.json')

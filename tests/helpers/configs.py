@@ -83,8 +83,8 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
     ]
 
     def loader(split, steps):
-        # training is by iteration: an InfiniteSampler, since mmengine's iteration loop sleeps
-        # 2 s each time another sampler's epoch ends (every iteration or two here)
+        # training is by iteration: an InfiniteSampler, since mmengine's iteration loop pauses
+        # each time another sampler's epoch ends (every iteration or two here; docs/speed.md)
         sampler = 'InfiniteSampler' if split == 'train' else 'DefaultSampler'
         return dict(
             _delete_=True,
@@ -128,7 +128,7 @@ def tiny_classifier_config(base: str, arch: dict, data: str, path: str) -> str:
 
 def _memoize_external_config_paths():
     """mmengine resolves a ``mmdet::``/``mmseg::``/... base config by parsing every metafile of
-    the package's model index (thousands of YAML files, ~0.35 s) on every lookup, and a base
+    the package's model index (thousands of YAML files) on every lookup, and a base
     config (no metafile entry) by catching the ValueError of that lookup. Both outcomes are the
     same each time within a run (the installed packages do not change): memoized in this
     process, the ValueError raised again (a new one, same message) for a name not in the index.
@@ -159,8 +159,8 @@ def _memoize_external_config_paths():
 
 def _memoize_config_files():
     """``Config.fromfile`` parses a config and each of its bases (``mmdet::`` ones included)
-    by executing a copy of each file: ~0.15 s for a demo config, paid again on every load
-    (the hostile-checkpoint tests alone load the demo config 115 times). The parse of a file is
+    by executing a copy of each file, paid again on every load (the hostile-checkpoint tests
+    alone load the demo config 115 times; docs/speed.md). The parse of a file is
     kept by its path and the environment, with the files it read (itself and its bases, each
     with its size, times and inode): a parse is used again only while none of them changed, and
     handed out as a deep copy, so a test that writes or appends to a config or one of its bases

@@ -172,8 +172,8 @@ class WindowMSA(BaseModule):
         bias = self.relative_position_bias(hw_shape).unsqueeze(0)  # 1, heads, N, N
         if mask is not None:
             # Batch-major windows: window w of image b is row b * nW + w. A 4-D mask keeps
-            # SDPA on its fused CPU kernel (2.5x faster than the 5-D broadcast); for one image
-            # the expand-reshape is a view.
+            # SDPA on its fused CPU kernel (faster than the 5-D broadcast, docs/speed.md); for
+            # one image the expand-reshape is a view.
             nW = mask.shape[0]
             bias = (bias + mask.unsqueeze(1)).unsqueeze(0).expand(BnW // nW, -1, -1, -1, -1)
             bias = bias.reshape(BnW, *bias.shape[2:])
