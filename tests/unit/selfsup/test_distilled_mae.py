@@ -149,10 +149,14 @@ def test_distill_loss_equals_the_written_out_formula(join, n, lam):
     u = torch.randn(2, 5, 12, dtype=F64)
     maps = student.attention_maps(u)
     reference = naive_student_maps(student, u, lam)
+    # probabilities ≤ 1 from 4-term dot products (logits ≲ 10) and a 5-key softmax: ≲ 10·4·u64
+    # ≈ 4e-15 a logit, ≲ 1e-14 an entry (u64 = 2^-53 ≈ 1.1e-16); observed 4e-16
     assert torch.allclose(maps, reference, rtol=0, atol=1e-13)
     target = vit_attention_maps(teacher, u)
     assert torch.allclose(target, naive_teacher_maps(teacher, u), rtol=0, atol=1e-13)
     loss = attention_distill_loss(maps, target).item()
+    # a mean of 150 squares (γ_150 ≈ 1.7e-14) of differences ~0.1 carrying the maps' ≲ 1e-14:
+    # relative ≲ 2e-13; observed 3e-16
     assert loss == pytest.approx(naive_loss(reference, target), rel=1e-12)
     assert loss > 1e-4  # not trivially zero
 
@@ -285,11 +289,14 @@ def test_finetuning_pools_and_folds_exactly():
         for block in patches.stages:
             tokens = block(tokens, None)
         gap = patches.norm1(tokens[:, 1:].mean(1))  # the mean of the patch tokens, then LN
+        # the backbone's own operations (observed 0); a reordered 16-token mean would err by
+        # γ_16 ≈ 1.8e-15, × the LayerNorm's 1/σ ≲ 10
         assert max_relative(feats, gap) <= 1e-12
         joined = model(x, mode='tensor')
         mmrepa.reparameterize(model)
         folded = model(x, mode='tensor')
     assert all(b.deploy for b in model.backbone.stages)
+    # u64 × ≤ 10^3-term reductions ≈ 1e-13 a layer, × ~10^2 layers ≈ 1e-10; observed 0
     assert max_relative(folded, joined) <= 1e-10
 
 
