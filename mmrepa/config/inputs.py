@@ -253,7 +253,7 @@ def config_inputs(
     """``(what, path)`` of the config file and of the local files and folders it makes a tool
     read (the data of ``splits``, the backbone's ``scales`` file, with ``pretrained`` the
     ``Pretrained`` checkpoints; as :func:`find_missing_inputs` lists them): the inputs no
-    output may replace (:func:`mmrepa.utils.files.check_outputs`)."""
+    output may replace (the tools' output guard, integrations/cli/outputs.py)."""
     found = [('config', cfg.filename)] if cfg.filename else []
     for what, _, path in _config_paths(cfg, splits, pretrained):
         if not is_remote(path):
