@@ -170,6 +170,26 @@ UNUSABLE = {
 }
 
 
+@pytest.mark.parametrize('split', ('train', 'val'))
+def test_a_split_with_only_dropped_classes_is_one_line(shapes, tmp_path, split):
+    """With a class subset, a split whose every object is of a dropped class has nothing."""
+
+    def only_squares(coco):
+        square = next(c['id'] for c in coco['categories'] if c['name'] == 'square')
+        return every(coco, category_id=square)
+
+    root = tmp_path / 'data'
+    (root / 'annotations').mkdir(parents=True)
+    for name in ('train', 'val'):
+        (root / name).symlink_to(osp.join(shapes, name))
+        with open(osp.join(shapes, 'annotations', f'{name}.json')) as f:
+            coco = json.load(f)
+        coco = only_squares(coco) if name == split else coco
+        (root / 'annotations' / f'{name}.json').write_text(json.dumps(coco))
+    with pytest.raises(ConfigError, match=f'no object of the classes circle.*the {split} split'):
+        use_own_data(load_config(DEMO), str(root), classes=['circle'])
+
+
 def below_the_image(coco):
     """Every box starts on its image's bottom edge: no pixel inside (mmdet drops it)."""
     height = {image['id']: image['height'] for image in coco['images']}
