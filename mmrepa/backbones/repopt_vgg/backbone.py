@@ -196,9 +196,9 @@ class RepOptVGG(DenseBackbone):
         if isinstance(scales, str):
             if not osp.isfile(scales):
                 raise FileNotFoundError(
-                    f'scales file {scales} does not exist (a Hyper-Search '
-                    'scales file in the official layout, or an HS '
-                    'checkpoint)'
+                    f'scales file {scales} does not exist (model.backbone.scales: a '
+                    'Hyper-Search scales file in the official layout, or an HS checkpoint; '
+                    'scales=None to load a trained checkpoint, which carries its constants)'
                 )
             scales = read_state_dict(scales)
         found = {

@@ -276,8 +276,9 @@ def test_wrong_scales_are_refused_by_key(tmp_path):
     torch.save(partial, tmp_path / 'partial.pth')
     with pytest.raises(CheckpointError, match=r'no scales for \[.stage2\.3\.scale_1x1\.weight'):
         RepOptVGG('B1', scales=str(tmp_path / 'partial.pth'))
-    with pytest.raises(FileNotFoundError, match='nothing.pth'):
+    with pytest.raises(FileNotFoundError, match='nothing.pth') as err:
         RepOptVGG('B1', scales=str(tmp_path / 'nothing.pth'))
+    assert 'model.backbone.scales' in str(err.value) and 'scales=None' in str(err.value)
     with pytest.raises(ConfigError, match="mode 'hs'"):
         RepOptVGG(TINY, mode='hs', scales=random_scales(RepOptVGG(TINY), 0))
 
@@ -471,3 +472,13 @@ def test_a_checkpoint_without_constants_needs_scales(tmp_path):
     mmrepa.reparameterize(copy.deepcopy(model).eval())
     model.load_scales(target_scales(trained))
     assert len(collect_branch_scales(model)) == len(model.layers())
+
+
+def test_a_trained_checkpoint_carries_its_constants_without_the_scales_file():
+    """What the missing-scales message offers: scales=None, then the checkpoint's constants."""
+    trained = RepOptVGG(TINY, scales=random_scales(RepOptVGG(TINY), 3))
+    rebuilt = RepOptVGG(TINY, scales=None)
+    assert not all(torch.equal(v, rebuilt.state_dict()[k]) for k, v in trained.state_dict().items())
+    rebuilt.load_state_dict(trained.state_dict())
+    for k, v in trained.state_dict().items():
+        assert torch.equal(v, rebuilt.state_dict()[k]), k
