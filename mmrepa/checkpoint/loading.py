@@ -93,10 +93,12 @@ def check_shapes(
     state_dict: Dict[str, torch.Tensor],
     prefix: str = '',
     source: str = 'checkpoint',
+    hint: str = 'another arch (embed_dims, depths, idle_ratio, window_size)',
 ) -> None:
     """Raise on the first tensor of ``state_dict`` whose shape differs from ``module``'s.
 
-    ``prefix``: where ``module`` sits in ``state_dict`` (``'backbone.'`` in a detector's).
+    ``prefix``: where ``module`` sits in ``state_dict`` (``'backbone.'`` in a detector's);
+    ``hint``: what the checkpoint may be instead, for the message.
     """
     for key, param in module.state_dict().items():
         value = state_dict.get(prefix + key)
@@ -104,8 +106,7 @@ def check_shapes(
             raise CheckpointError(
                 f'{source} does not fit this model: {prefix}{key} has shape '
                 f'{tuple(value.shape)} in the checkpoint but {tuple(param.shape)} in the model. '
-                f'Is it a checkpoint of another arch (embed_dims, depths, idle_ratio, '
-                f'window_size)?'
+                f'Is it a checkpoint of {hint}?'
             )
 
 
@@ -158,6 +159,7 @@ def load_state_dict_checked(
     may_be_missing: Iterable[str] = (),
     source: str = 'checkpoint',
     explain: Optional[Callable[[List[str], List[str]], Optional[str]]] = None,
+    hint: Optional[str] = None,
 ) -> LoadReport:
     """Load ``state_dict`` into ``module`` and account for every key.
 
@@ -170,6 +172,8 @@ def load_state_dict_checked(
         source: Name of the checkpoint, for messages.
         explain: ``explain(missing, unexpected)``: the likely cause, in one line, when keys
             the model needs are missing (e.g. another attention kind), else None.
+        hint: What a checkpoint of other shapes may be, for the message (default: a backbone
+            of another arch, :func:`check_shapes`).
 
     Raises:
         ValueError: a tensor has another shape than the model's (another architecture).
@@ -178,7 +182,7 @@ def load_state_dict_checked(
     check_state_dict(state_dict, source)
     own = module.state_dict()
     check_fold_states(module, state_dict)
-    check_shapes(module, state_dict, source=source)
+    check_shapes(module, state_dict, source=source, **({'hint': hint} if hint else {}))
     check_dtypes(module, state_dict, source)
     patterns = list(may_be_missing) + ['*num_batches_tracked']
     missing = [k for k in own if k not in state_dict]

@@ -208,4 +208,10 @@ def _load_teacher(model: nn.Module, path: Optional[str]) -> None:
         )
     state = strip_prefixes(read_state_dict(osp.expanduser(path)))
     # the teacher's final norms are never used: its maps come from inside its layers
-    load_state_dict_checked(model, state, may_be_missing=('ln1.*', 'ln2.*'), source=path)
+    load_state_dict_checked(
+        model,
+        state,
+        may_be_missing=('ln1.*', 'ln2.*'),
+        source=f'teacher checkpoint {path}',
+        hint="a ViT of another size than model.teacher's (arch, patch_size, img_size)",
+    )

@@ -224,6 +224,11 @@ def test_a_missing_or_mismatched_teacher_is_refused_in_one_line(tmp_path):
     cfg.model.backbone.arch = dict(STUDENT, num_heads=4)
     with pytest.raises(ConfigError, match='teacher layer 2 has 2 heads, student block 1 4'):
         build(cfg)
+    # a teacher file of another size: the message speaks of the teacher, not a backbone arch
+    other = save_teacher(str(tmp_path / 'big.pth'), img_size=64)
+    with pytest.raises(CheckpointError, match=r'teacher checkpoint .*big.pth does not fit') as err:
+        build(tiny_mae_cfg(other))
+    assert "model.teacher's" in str(err.value) and 'idle_ratio' not in str(err.value)
 
 
 # ----------------------------------------------------------------------------- the Runner
