@@ -397,3 +397,24 @@ def test_the_folder_per_class_layout_serves_every_split(tmp_path, with_test):
         read = 'val' if split == 'test' and not with_test else split
         assert dataset.metainfo['classes'] == ('circle', 'square', 'wedge')
         assert item['data_samples'].img_path.startswith(osp.join(root, read, ''))
+
+
+def test_self_supervised_pretraining_reads_the_images_without_labels(tmp_path):
+    """D-MAE's pre-training config (a model without classes): the class folders' images, no
+    labels, the model untouched (it has no num_classes to set)."""
+    root = make_shapes_classification(str(tmp_path / 'cls'), num_train=6, num_val=3)
+    config = 'dmae_depthrep_vit_tiny_d6_8xb128_pretrain_in1k.py'
+    cfg = load_config(osp.join(ROOT, 'configs', 'depth_rep_vit', config))
+    model = cfg.model.to_dict()
+    line = use_own_data(cfg, root)
+    assert '\n' not in line and 'without labels' in line and 'train: train/' in line, line
+    assert cfg.model.to_dict() == model
+    init_default_scope('mmpretrain')
+    dataset = __import__('mmpretrain.registry', fromlist=['DATASETS']).DATASETS.build(
+        cfg.train_dataloader.dataset
+    )
+    images = [f for _, _, files in os.walk(osp.join(root, 'train')) for f in files]
+    assert len(dataset) == len(images) > 0
+    item = dataset[0]
+    assert item['data_samples'].img_path.startswith(osp.join(root, 'train', ''))
+    assert 'gt_label' not in item['data_samples']

@@ -31,7 +31,8 @@ then falls back to the val files (a data set without a test split tests on val).
   loader falls back to ``val``), mmpretrain's ``CustomDataset``; the classes are the folder names
   of ``train`` in sorted order, and every split must have the same folders (an empty one is
   enough). Set: the data sets, the ``num_classes`` of the head and data preprocessor, top-k
-  accuracies above the number of classes dropped.
+  accuracies above the number of classes dropped. A model without classes (self-supervised
+  pre-training: D-MAE) reads the same folders' images without labels.
 
 A loader whose data is not found under DIR keeps the config's paths, now under DIR, so that the
 tool's input check names what is missing. Apply ``--cfg-options`` first: the file names it sets
@@ -51,7 +52,7 @@ from mmengine.config import Config
 from ...errors import ConfigError
 from .ade import segmentation
 from .coco import detection
-from .common import LOADERS, palette, set_num_classes
+from .common import LOADERS, has_num_classes, palette, set_num_classes
 from .folder import classification
 
 __all__ = ['use_own_data']
@@ -78,6 +79,12 @@ def use_own_data(cfg: Config, data_root: str, classes: Optional[Sequence[str]] =
             cfg[name] = copy.deepcopy(cfg[name])
     if 'data_root' in cfg:
         cfg.data_root = root
+    if scope == 'mmpretrain' and not has_num_classes(cfg):  # self-supervised: images only
+        found, names = classification(cfg, root, classes, labelled=False)
+        return (
+            f'--data-root {data_root}: the images of {len(names)} class folders, without '
+            f'labels (the model has no classes); ' + '; '.join(found)
+        )
     found, names = rewrite(cfg, root, classes)
     if isinstance(cfg.get('metainfo'), dict):  # the configs' variable: as the data sets have it
         cfg.metainfo = dict(classes=tuple(names), palette=palette(len(names)))

@@ -68,6 +68,17 @@ def palette(n: int) -> list:
     return [tuple(c) for c in _random_palette(n)]  # mmdet draws tuples only
 
 
+def has_num_classes(cfg: Config) -> bool:
+    """Whether the model (or a top-level ``data_preprocessor``) sets a ``num_classes``."""
+
+    def visit(node):
+        if isinstance(node, dict):
+            return 'num_classes' in node or any(visit(v) for v in node.values())
+        return isinstance(node, (list, tuple)) and any(visit(v) for v in node)
+
+    return visit(cfg.get('model')) or visit(cfg.get('data_preprocessor'))
+
+
 def set_num_classes(cfg: Config, n: int) -> List[str]:
     """Set every ``num_classes`` of the model (and of a top-level ``data_preprocessor``, where
     mmpretrain configs keep it) to ``n``, except the RPN's (one class: object); returns the keys

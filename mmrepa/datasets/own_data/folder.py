@@ -37,7 +37,9 @@ def _check_entries_readable(folder: str) -> None:
                 ) from None
 
 
-def classification(cfg: Config, root: str, classes):
+def classification(cfg: Config, root: str, classes, labelled: bool = True):
+    """Point the loaders at a folder per class; ``labelled=False`` (self-supervised
+    pre-training, a model without classes) reads the same images without labels."""
     if classes:
         raise ConfigError(
             '--classes: classification data names its classes by its folders (DIR/train/CLASS/...)'
@@ -82,7 +84,7 @@ def classification(cfg: Config, root: str, classes):
             data_root=root,
             ann_file='',
             data_prefix=folder or (configured[0] if isinstance(configured[0], str) else split),
-            with_label=True,
+            with_label=labelled,
         )
         old = leaves[0]
         new.update({k: old[k] for k in CUSTOM_DATASET_KEYS if k in old})
@@ -92,7 +94,7 @@ def classification(cfg: Config, root: str, classes):
         ):
             pipeline.insert(0, dict(type='LoadImageFromFile'))  # CIFAR's pipelines get arrays
         new['pipeline'] = pipeline
-        if folders:
+        if folders and labelled:
             new['metainfo'] = dict(classes=tuple(folders))
         cfg[loader]['dataset'] = new  # a wrapper of several data sets becomes one folder
     if names is None:
