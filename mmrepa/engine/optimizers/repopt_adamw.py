@@ -88,20 +88,21 @@ class RepOptAdamW(RepOptOptimizer):
         """torch's functional AdamW (single-tensor path) does every update: it moves the
         parameters without scales and advances the moments of all of them. A RepOpt kernel's
         own entry moves a zero stand-in (its moments advance; the move is dropped): the kernel
-        moves by :meth:`_kernel_move`, from the moments before this step, and decays."""
+        moves by :meth:`_kernel_move`, from the moments before this step, and decays. Kernels
+        go one at a time, so the temporaries are one kernel's, not the model's."""
         states = [self._state(p, group['amsgrad']) for p in params]
-        moves = [
-            None if self._stored(p) is None else self._kernel_move(p, g, st, group)
-            for p, g, st in zip(params, grads, states)
-        ]
-        targets = [p if move is None else torch.zeros_like(p) for p, move in zip(params, moves)]
-        _adamw(group, targets, grads, states)
+        plain = [i for i, p in enumerate(params) if self._stored(p) is None]
+        if plain:
+            _adamw(group, *([seq[i] for i in plain] for seq in (params, grads, states)))
         lr, weight_decay = group['lr'], group['weight_decay']
-        for p, move in zip(params, moves):
-            if move is not None:
-                if weight_decay != 0:
-                    p.mul_(1 - lr * weight_decay)  # decoupled, unmultiplied, as torch decays
-                p.add_(move.to(p.dtype))
+        for p, g, state in zip(params, grads, states):
+            if self._stored(p) is None:
+                continue
+            move = self._kernel_move(p, g, state, group)
+            _adamw(group, [torch.zeros_like(p)], [g], [state])
+            if weight_decay != 0:
+                p.mul_(1 - lr * weight_decay)  # decoupled, unmultiplied, as torch decays
+            p.add_(move.to(p.dtype))
 
     def _state(self, p: nn.Parameter, amsgrad: bool) -> dict:
         """``p``'s state, created as torch's AdamW creates it (a float32 step tensor), so the
